@@ -1,0 +1,114 @@
+"""`rlflow compile`: YAML -> spec -> graph -> checks -> plan, plus the printed summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlflow import graph, loader
+from rlflow.draw import render_svg
+from rlflow.errors import PipelineInvalid
+from rlflow.plan import lower
+from rlflow.schema import Pipeline
+from rlflow.validate import validate
+
+DEFAULT_PLAN = Path(".rlflow/plan.json")
+
+
+def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipeline, loader.Document]:
+    """Parse, validate and check a pipeline file; raise PipelineInvalid with every problem."""
+    doc = loader.load(path)
+    loader.apply_overrides(doc, list(overrides))
+    spec = validate(doc)
+    problems = graph.check(spec, Path(path).resolve().parent)
+    if problems:
+        located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
+        raise PipelineInvalid(doc.source, located)
+    return spec, doc
+
+
+def compile_pipeline(path: str | Path, overrides: list[str] = ()) -> dict:
+    """The physical plan of a pipeline file."""
+    spec, _ = check_pipeline(path, overrides)
+    text = Path(path).read_text()
+    return lower(spec, source=str(path), text=text, overrides=list(overrides), base_dir=Path(path).resolve().parent)
+
+
+def write_plan(plan: dict, out: str | Path = DEFAULT_PLAN) -> tuple[Path, Path]:
+    """Write the plan JSON and its SVG picture beside it; returns both paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(plan, indent=2) + "\n")
+    svg = out.with_suffix(".svg")
+    svg.write_text(render_svg(plan))
+    return out, svg
+
+
+def read_plan(path: str | Path = DEFAULT_PLAN) -> dict:
+    """Load a plan written by `rlflow compile`, or raise PipelineInvalid saying what to do."""
+    path = Path(path)
+    from rlflow.errors import Problem
+    from rlflow.plan import PLAN_VERSION
+
+    if not path.exists():
+        raise PipelineInvalid(str(path), [Problem((), "no plan here", "no-plan", "run `rlflow compile PIPELINE` first")])
+    try:
+        plan = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PipelineInvalid(str(path), [Problem((), f"not a plan: {e}", "bad-plan", "re-run `rlflow compile`")]) from None
+    if not isinstance(plan, dict) or plan.get("plan_version") != PLAN_VERSION:
+        raise PipelineInvalid(str(path), [Problem((), f"plan version {plan.get('plan_version') if isinstance(plan, dict) else '?'} is not {PLAN_VERSION}",
+                                                  "plan-version", "re-run `rlflow compile` with this rlflow")])
+    return plan
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def summary(plan: dict) -> str:
+    """The plan as a person reads it before spending compute."""
+    p = plan["pipeline"]
+    lines = [f"pipeline '{plan['name']}' from {plan['source']}" + (f"  (overrides: {' '.join(plan['overrides'])})" if plan["overrides"] else "")]
+    lines.append(f"  model {p['model']['path']} ({p['model']['dtype']}, max_model_len {p['model']['max_model_len']}); data {p['data']['source']}")
+    rows = [["stage", "kind", "settings", "resources"]]
+    for name in plan["graph"]["order"]:
+        if name not in p["stages"]:
+            continue
+        s = p["stages"][name]
+        if s["kind"] == "rollout":
+            settings = f"engine={s['engine']} group_size={s['group_size']} max_new_tokens={s['max_new_tokens']} max_running={s['max_running']}"
+            res = f"{s['replicas']} x (cpu {s['num_cpus']:g}, gpu {s['num_gpus']:g})"
+        elif s["kind"] == "reward":
+            settings, res = f"fn={s['fn']}", f"{s['concurrency']} x (cpu {s['num_cpus']:g})"
+        elif s["kind"] == "buffer":
+            settings, res = f"batch_groups={s['batch_groups']}", "-"
+        else:
+            settings = f"{s['algo']} on {s['backend']} ({Path(s['deepspeed']).name}) steps={s['steps']} lr={s['lr']:g}"
+            res = f"cpu {s['num_cpus']:g}, gpu {s['num_gpus']:g}"
+        rows.append([name, s["kind"], settings, res])
+    lines += ["", *_table(rows)]
+    rows = [["edge", "policy"]]
+    from rlflow.draw import _policy_label
+
+    for e in plan["graph"]["edges"]:
+        rows.append([f"{e['from']} -> {e['to']}" + ("  (back edge)" if e["back"] else ""), _policy_label(e["policy"])])
+    lines += ["", *_table(rows)]
+    c = plan["control"]["staleness"]
+    params = ", ".join(f"{k}={v}" for k, v in c.items() if k != "kind" and v not in (None, 0) or k == "eta" and v == 0)
+    lines += ["", f"  staleness control: {c['kind']}({params})"]
+    for name, co in plan["control"]["coordination"].items():
+        ws = co["weight_sync"]
+        lines.append(f"  coordination of {name}: routing={co['routing']} migration={co['migration']} dispatch={co['dispatch']['kind']}"
+                     + (f" sync={ws['mode']} partial_rollout={'on' if ws['partial_rollout'] else 'off'}" if ws else ""))
+    pred = plan["prediction"]
+    if pred["available"]:
+        lines.append(f"  predicted mean staleness: {pred['mean']:.2f} steps = pre-queue {pred['pre_queue']:.2f} + in-queue {pred['in_queue']:.2f}"
+                     f"  (rho={pred['rho']:.2f}, C={pred['concurrency']}, B={pred['batch_samples']}, M_tail={pred['tail_multiplier']:.2f}, q={pred['queue_factor']:g})")
+    else:
+        lines.append(f"  predicted mean staleness: n/a ({pred['reason']})")
+    r = plan["resources"]
+    lines.append(f"  resources: {r['num_cpus']:g} CPUs, {r['num_gpus']:g} GPUs over {len(plan['actors'])} actors"
+                 + (f" on {r['cluster']['address']}" if r["cluster"]["address"] else " on an embedded local Ray cluster"))
+    return "\n".join(lines)

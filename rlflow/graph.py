@@ -1,0 +1,278 @@
+"""Pipeline -> networkx graph, and the rules the graph and its policies must keep (ARCHITECTURE.md §3).
+
+Every check appends Problems; nothing raises until all rules ran, so one compile shows every error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import networkx as nx
+
+from rlflow import registry
+from rlflow.errors import Problem, did_you_mean
+from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
+
+BACK_EDGE = "weight_sync"
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def build_graph(spec: Pipeline) -> nx.DiGraph:
+    """Data-flow graph: `data` plus one node per stage; edges carry their index and policy kind.
+
+    Weight-sync (back) edges are kept with back=True; only edges between known nodes are added.
+    """
+    g = nx.DiGraph()
+    g.add_node(DATA_NODE, kind="data")
+    for name, stage in spec.stages.items():
+        g.add_node(name, kind=stage.kind)
+    for i, e in enumerate(spec.edges):
+        if e.from_ in g and e.to in g and not g.has_edge(e.from_, e.to):
+            g.add_edge(e.from_, e.to, index=i, policy=e.policy.kind, back=e.policy.kind == BACK_EDGE)
+    return g
+
+
+def data_graph(g: nx.DiGraph) -> nx.DiGraph:
+    """The graph without the weight-sync back edges."""
+    return nx.DiGraph([(u, v, d) for u, v, d in g.edges(data=True) if not d["back"]]) if g.number_of_edges() else nx.DiGraph()
+
+
+def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
+    """All graph, policy and component problems of a schema-valid pipeline."""
+    problems: list[Problem] = []
+    _check_names(spec, problems)
+    g = build_graph(spec)
+    _check_shape(spec, g, problems)
+    _check_policies(spec, problems)
+    _check_components(spec, base_dir, problems)
+    return problems
+
+
+def stages_of(spec: Pipeline, kind: str) -> list[str]:
+    return [n for n, s in spec.stages.items() if s.kind == kind]
+
+
+def _check_names(spec: Pipeline, problems: list[Problem]) -> None:
+    if DATA_NODE in spec.stages:
+        problems.append(Problem(("stages", DATA_NODE), f"'{DATA_NODE}' names the data source in edges",
+                                "reserved-name", "rename the stage"))
+    known = [DATA_NODE, *spec.stages]
+    seen: dict[tuple, int] = {}
+    for i, e in enumerate(spec.edges):
+        for end, name in (("from", e.from_), ("to", e.to)):
+            if name not in known:
+                problems.append(Problem(("edges", i, end), f"unknown stage '{name}'{did_you_mean(name, known)}",
+                                        "unknown-stage", "stages are: " + ", ".join(known)))
+        if e.to == DATA_NODE:
+            problems.append(Problem(("edges", i, "to"), "nothing flows into 'data': it is the source",
+                                    "edge-into-data", "point the edge at a stage"))
+        if e.from_ == e.to:
+            problems.append(Problem(("edges", i), f"edge from '{e.from_}' to itself", "self-loop", "remove it"))
+        key = (e.from_, e.to)
+        if key in seen:
+            problems.append(Problem(("edges", i), f"duplicate edge {e.from_} -> {e.to} (also edges[{seen[key]}])",
+                                    "duplicate-edge", "keep one edge per pair of stages"))
+        seen.setdefault(key, i)
+
+
+def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem]) -> None:
+    trains, rollouts = stages_of(spec, "train"), stages_of(spec, "rollout")
+    if not trains:
+        problems.append(Problem(("stages",), "no stage of kind train", "no-train", "add one: {kind: train}"))
+    for extra in trains[1:]:
+        problems.append(Problem(("stages", extra), f"second train stage '{extra}' (first: '{trains[0]}'); a pipeline trains one policy",
+                                "two-train-stages", "keep one train stage"))
+    if not rollouts:
+        problems.append(Problem(("stages",), "no stage of kind rollout", "no-rollout", "add one: {kind: rollout}"))
+    buffers = stages_of(spec, "buffer")
+    for extra in buffers[1:]:
+        problems.append(Problem(("stages", extra), f"second buffer stage '{extra}' (first: '{buffers[0]}')",
+                                "two-buffers", "one buffer feeds train; remove one"))
+
+    dg = data_graph(g)
+    for i, e in enumerate(spec.edges):
+        if e.policy.kind == BACK_EDGE:
+            src, dst = spec.stages.get(e.from_), spec.stages.get(e.to)
+            if (src and src.kind != "train") or (dst and dst.kind != "rollout"):
+                problems.append(Problem(("edges", i), f"weight_sync {e.from_} -> {e.to}: weights flow from the train stage to a rollout stage",
+                                        "bad-weight-sync", "use from: <train stage>, to: <rollout stage>"))
+        elif e.from_ in spec.stages and spec.stages[e.from_].kind == "train":
+            problems.append(Problem(("edges", i), f"edge {e.from_} -> {e.to} leaves train with '{e.policy.kind}'; the only edge out of train is the weight_sync back edge to rollout",
+                                    "train-out-edge", "use policy kind weight_sync towards a rollout stage, or remove the edge"))
+        elif e.from_ == DATA_NODE and e.to in spec.stages and spec.stages[e.to].kind != "rollout":
+            problems.append(Problem(("edges", i, "to"), f"data feeds '{e.to}' (a {spec.stages[e.to].kind} stage); prompts go to rollout stages",
+                                    "data-not-to-rollout", "connect data to a rollout stage"))
+
+    if dg.number_of_nodes() and not nx.is_directed_acyclic_graph(dg):
+        cycle = nx.find_cycle(dg)
+        path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+        first = min(g.edges[u, v]["index"] for u, v in cycle)
+        problems.append(Problem(("edges", first), f"cycle {path}; data edges must flow from data to train",
+                                "cycle", "the only back edge allowed is weight_sync from train to rollout"))
+    if len(trains) != 1:
+        return
+    train = trains[0]
+    reach = nx.descendants(dg, DATA_NODE) if DATA_NODE in dg else set()
+    if train not in reach:
+        problems.append(Problem(("stages", train), f"train '{train}' is not reachable from data",
+                                "unreachable-train", "connect data -> rollout -> reward -> ... -> train"))
+    feeds_train = nx.ancestors(dg, train) if train in dg else set()
+    for name in spec.stages:
+        if name == train:
+            continue
+        if name not in reach:
+            problems.append(Problem(("stages", name), f"stage '{name}' is not reachable from data", "unreachable-stage",
+                                    "connect it, or remove it"))
+        elif name in reach and name not in feeds_train:
+            problems.append(Problem(("stages", name), f"stage '{name}' does not lead to train '{train}'", "dead-end-stage",
+                                    "connect it towards train, or remove it"))
+    no_reward = dg.subgraph([n for n in dg if n not in stages_of(spec, "reward")])
+    for r in rollouts:
+        if r in no_reward and train in no_reward and nx.has_path(no_reward, r, train):
+            problems.append(Problem(("stages", r), f"rollout '{r}' reaches train without passing a reward stage",
+                                    "no-reward", "add a stage of kind reward between rollout and train"))
+    into_train = [(i, e) for i, e in enumerate(spec.edges) if e.to == train]
+    for i, e in into_train[1:]:
+        problems.append(Problem(("edges", i), f"second edge into train ({e.from_} -> {train}); train takes batches from one stage",
+                                "two-train-inputs", "merge the inputs in a buffer stage"))
+    for r in rollouts:
+        syncs = [i for i, e in enumerate(spec.edges) if e.to == r and e.policy.kind == BACK_EDGE]
+        if not syncs:
+            problems.append(Problem(("stages", r), f"rollout '{r}' never receives new weights",
+                                    "no-weight-sync", f"add an edge {{from: {train}, to: {r}, policy: {{kind: weight_sync}}}}"))
+        for i in syncs[1:]:
+            problems.append(Problem(("edges", i), f"second weight_sync into '{r}'", "two-weight-syncs", "keep one"))
+
+
+def _check_policies(spec: Pipeline, problems: list[Problem]) -> None:
+    trains = stages_of(spec, "train")
+    train = trains[0] if trains else None
+    for i, e in enumerate(spec.edges):
+        p, loc = e.policy, ("edges", i, "policy")
+        src = spec.stages.get(e.from_)
+        if p.kind in CONSUME_POLICIES:
+            if e.to != train:
+                problems.append(Problem(loc + ("kind",), f"'{p.kind}' decides what train consumes; it belongs on the edge into train, not {e.from_} -> {e.to}",
+                                        "consume-policy-placement", "use streaming here"))
+        elif train is not None and e.to == train:
+            problems.append(Problem(loc + ("kind",), f"'{p.kind}' cannot feed train: the edge into train decides staleness",
+                                    "train-edge-policy", "use one of: " + ", ".join(CONSUME_POLICIES)))
+        if p.kind == "staleness_bound":
+            if src is not None and src.kind != "buffer":
+                problems.append(Problem(loc, f"a staleness bound needs a buffer in front of train, but '{e.from_}' is a {src.kind} stage",
+                                        "bound-needs-buffer", "add a stage of kind buffer before train, or use in_flight_limit / one_step / unbounded on this edge"))
+            if p.eta is None and p.queue != "drop":
+                problems.append(Problem(loc + ("eta",), f"queue '{p.queue}' needs eta (the max staleness)", "missing-eta",
+                                        "set eta: 0 for on-policy, 1-4 is typical for async"))
+            if p.capacity is not None and p.queue == "none":
+                problems.append(Problem(loc + ("capacity",), "capacity applies to queue drop or max; staleness buffers are sized by eta",
+                                        "capacity-without-queue", "remove capacity, or set queue: drop"))
+            if p.batch_redundancy and p.queue != "none":
+                problems.append(Problem(loc + ("batch_redundancy",), "batch_redundancy needs staleness buffers (queue: none)",
+                                        "redundancy-needs-buffers", "remove it, or set queue: none"))
+            batch = _batch_groups(spec)
+            if p.capacity is not None and batch and p.capacity < batch:
+                problems.append(Problem(loc + ("capacity",), f"capacity {p.capacity} groups is less than one batch ({batch} groups)",
+                                        "capacity-below-batch", f"set capacity >= {batch} (q = capacity / batch >= 1)"))
+        if p.kind == "skew_aware_dispatch":
+            if src is not None or (e.to in spec.stages and spec.stages[e.to].kind != "rollout"):
+                problems.append(Problem(loc, f"skew-aware dispatch needs a data -> rollout edge, not {e.from_} -> {e.to}",
+                                        "dispatch-placement", "put it on the edge from data to a rollout stage"))
+            _component(problems, "ranker", p.ranker, loc + ("ranker",))
+        if p.kind == "streaming" and p.filter is not None:
+            _component(problems, "filter", p.filter, loc + ("filter",))
+            if src is None or src.kind != "reward":
+                problems.append(Problem(loc + ("filter",), f"filters act on rewarded groups, but '{e.from_}' is not a reward stage",
+                                        "filter-placement", "put the filter on the edge out of a reward stage"))
+            elif p.filter == "drop_uniform_groups" and any(spec.stages[r].group_size == 1 for r in stages_of(spec, "rollout")):
+                problems.append(Problem(loc + ("filter",), "drop_uniform_groups with group_size 1 drops every group",
+                                        "filter-drops-all", "raise the rollout's group_size, or remove the filter"))
+        if p.kind == BACK_EDGE and e.to in spec.stages and spec.stages[e.to].kind == "rollout":
+            rollout = spec.stages[e.to]
+            bound = _consume_policy(spec)
+            if p.mode == "throughput_aware" and not (bound and bound.kind == "staleness_bound" and bound.queue == "none"):
+                problems.append(Problem(loc + ("mode",), "throughput_aware sync is StaleFlow's and needs staleness buffers",
+                                        "sync-needs-buffers", "use a staleness_bound with queue: none into train, or mode: global"))
+            if rollout.coordinator.migration == "repack" and p.mode != "per_instance":
+                problems.append(Problem(("stages", e.to, "coordinator", "migration"), "Laminar repack needs per-instance weight sync",
+                                        "repack-needs-per-instance", f"set edges[{i}].policy.mode: per_instance"))
+    if _batch_groups(spec) is None:
+        problems.append(Problem(("stages",), "no batch size: nothing says how many groups a training step takes",
+                                "no-batch-size", "add a buffer stage with batch_groups, or set data.prompts_per_step"))
+
+
+def _consume_policy(spec: Pipeline):
+    for e in spec.edges:
+        if e.policy.kind in CONSUME_POLICIES:
+            return e.policy
+    return None
+
+
+def _batch_groups(spec: Pipeline) -> int | None:
+    buffers = stages_of(spec, "buffer")
+    return spec.stages[buffers[0]].batch_groups if buffers else spec.data.prompts_per_step
+
+
+def _component(problems: list[Problem], category: str, ref: str, loc: tuple) -> None:
+    try:
+        registry.check_reference(category, ref)
+    except registry.ComponentError as err:
+        problems.append(Problem(loc, str(err).split("; ")[0], f"unknown-{category}", "; ".join(str(err).split("; ")[1:])))
+
+
+def resolve_path(ref: str, base_dir: Path) -> Path | None:
+    """A file reference relative to the pipeline's directory or one of its parents, else the working dir.
+
+    So `configs/deepspeed/zero1.json` works from pipelines/ in the repo and from any working dir.
+    """
+    for candidate in (*(d / ref for d in (base_dir, *base_dir.parents)), Path.cwd() / ref):
+        if candidate.exists():
+            return candidate.resolve()
+    return None
+
+
+def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    for name, stage in spec.stages.items():
+        loc = ("stages", name)
+        if stage.kind == "rollout":
+            _component(problems, "engine", stage.engine, loc + ("engine",))
+            if stage.max_new_tokens >= spec.model.max_model_len:
+                problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
+                                        "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
+            prof = stage.coordinator.profile
+            if prof is not None and resolve_path(prof, base_dir) is None:
+                problems.append(Problem(loc + ("coordinator", "profile"), f"no such profile file '{prof}'", "missing-file",
+                                        "see configs/profiles/, or write one with `rlflow profile`"))
+            if stage.coordinator.routing == "cost_model" and prof is None:
+                problems.append(Problem(loc + ("coordinator", "profile"), "cost_model routing needs a cost-model profile",
+                                        "routing-needs-profile", "set profile: configs/profiles/<engine>.json"))
+        elif stage.kind == "reward":
+            _component(problems, "reward", stage.fn, loc + ("fn",))
+        elif stage.kind == "train":
+            path = resolve_path(stage.deepspeed, base_dir)
+            if path is None:
+                problems.append(Problem(loc + ("deepspeed",), f"no such DeepSpeed config '{stage.deepspeed}'", "missing-file",
+                                        "use one of configs/deepspeed/*.json"))
+            else:
+                try:
+                    json.loads(path.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    problems.append(Problem(loc + ("deepspeed",), f"'{stage.deepspeed}' is not valid JSON ({err})", "bad-json",
+                                            "fix the file"))
+    src = spec.data.source
+    if src.startswith("builtin:"):
+        _component(problems, "task", src, ("data", "source"))
+    elif not src.endswith(DATA_SUFFIXES):
+        problems.append(Problem(("data", "source"), f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
+                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
+    elif resolve_path(src, base_dir) is None:
+        problems.append(Problem(("data", "source"), f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
+    mp = spec.model.path
+    if mp.startswith("builtin:"):
+        _component(problems, "model", mp, ("model", "path"))
+    else:
+        path = resolve_path(mp, base_dir)
+        if path is None or not (path / "config.json").exists():
+            problems.append(Problem(("model", "path"), f"'{mp}' is not a local Hugging Face model directory (no config.json)",
+                                    "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))

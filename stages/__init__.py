@@ -1,0 +1,1 @@
+"""Stage implementations (rollout engines, reward functions, buffers, trainers); shipped as rlflow.stages."""
