@@ -27,7 +27,13 @@ def build_graph(spec: Pipeline) -> nx.DiGraph:
     g.add_node(DATA_NODE, kind="data")
     for name, stage in spec.stages.items():
         g.add_node(name, kind=stage.kind)
+    trains = set(stages_of(spec, "train"))
     for i, e in enumerate(spec.edges):
+        back = e.policy.kind == BACK_EDGE
+        # Self-loops, edges into data and data edges out of train get their own errors; kept out of
+        # the graph so they do not also show up as cycles.
+        if e.from_ == e.to or e.to == DATA_NODE or (e.from_ in trains and not back):
+            continue
         if e.from_ in g and e.to in g and not g.has_edge(e.from_, e.to):
             g.add_edge(e.from_, e.to, index=i, policy=e.policy.kind, back=e.policy.kind == BACK_EDGE)
     return g
@@ -41,10 +47,11 @@ def data_graph(g: nx.DiGraph) -> nx.DiGraph:
 def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
     """All graph, policy and component problems of a schema-valid pipeline."""
     problems: list[Problem] = []
-    _check_names(spec, problems)
+    dangling = _check_names(spec, problems)
     g = build_graph(spec)
-    _check_shape(spec, g, problems)
-    _check_policies(spec, problems)
+    # An edge to an unknown stage disconnects the graph; reachability errors would only echo it.
+    _check_shape(spec, g, problems, connectivity=not dangling)
+    _check_policies(spec, problems, skip=dangling)
     _check_components(spec, base_dir, problems)
     return problems
 
@@ -53,15 +60,19 @@ def stages_of(spec: Pipeline, kind: str) -> list[str]:
     return [n for n, s in spec.stages.items() if s.kind == kind]
 
 
-def _check_names(spec: Pipeline, problems: list[Problem]) -> None:
+def _check_names(spec: Pipeline, problems: list[Problem]) -> set[int]:
+    """Name problems; returns the indices of edges with an unknown end."""
+    known = [DATA_NODE, *spec.stages]
+    seen: dict[tuple, int] = {}
+    dangling = set()
     if DATA_NODE in spec.stages:
         problems.append(Problem(("stages", DATA_NODE), f"'{DATA_NODE}' names the data source in edges",
                                 "reserved-name", "rename the stage"))
-    known = [DATA_NODE, *spec.stages]
-    seen: dict[tuple, int] = {}
+        dangling.add(-1)  # the graph is ambiguous: skip connectivity checks
     for i, e in enumerate(spec.edges):
         for end, name in (("from", e.from_), ("to", e.to)):
             if name not in known:
+                dangling.add(i)
                 problems.append(Problem(("edges", i, end), f"unknown stage '{name}'{did_you_mean(name, known)}",
                                         "unknown-stage", "stages are: " + ", ".join(known)))
         if e.to == DATA_NODE:
@@ -74,9 +85,10 @@ def _check_names(spec: Pipeline, problems: list[Problem]) -> None:
             problems.append(Problem(("edges", i), f"duplicate edge {e.from_} -> {e.to} (also edges[{seen[key]}])",
                                     "duplicate-edge", "keep one edge per pair of stages"))
         seen.setdefault(key, i)
+    return dangling
 
 
-def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem]) -> None:
+def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], connectivity: bool) -> None:
     trains, rollouts = stages_of(spec, "train"), stages_of(spec, "rollout")
     if not trains:
         problems.append(Problem(("stages",), "no stage of kind train", "no-train", "add one: {kind: train}"))
@@ -110,21 +122,21 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem]) -> None
         first = min(g.edges[u, v]["index"] for u, v in cycle)
         problems.append(Problem(("edges", first), f"cycle {path}; data edges must flow from data to train",
                                 "cycle", "the only back edge allowed is weight_sync from train to rollout"))
-    if len(trains) != 1:
+    if len(trains) != 1 or not connectivity:
         return
     train = trains[0]
     reach = nx.descendants(dg, DATA_NODE) if DATA_NODE in dg else set()
     if train not in reach:
         problems.append(Problem(("stages", train), f"train '{train}' is not reachable from data",
                                 "unreachable-train", "connect data -> rollout -> reward -> ... -> train"))
-    feeds_train = nx.ancestors(dg, train) if train in dg else set()
+    # Report root causes only: stages nothing flows into, and reachable stages nothing flows out of.
     for name in spec.stages:
         if name == train:
             continue
-        if name not in reach:
+        if name not in reach and (name not in dg or dg.in_degree(name) == 0):
             problems.append(Problem(("stages", name), f"stage '{name}' is not reachable from data", "unreachable-stage",
                                     "connect it, or remove it"))
-        elif name in reach and name not in feeds_train:
+        elif name in reach and dg.out_degree(name) == 0:
             problems.append(Problem(("stages", name), f"stage '{name}' does not lead to train '{train}'", "dead-end-stage",
                                     "connect it towards train, or remove it"))
     no_reward = dg.subgraph([n for n in dg if n not in stages_of(spec, "reward")])
@@ -132,7 +144,7 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem]) -> None
         if r in no_reward and train in no_reward and nx.has_path(no_reward, r, train):
             problems.append(Problem(("stages", r), f"rollout '{r}' reaches train without passing a reward stage",
                                     "no-reward", "add a stage of kind reward between rollout and train"))
-    into_train = [(i, e) for i, e in enumerate(spec.edges) if e.to == train]
+    into_train = [(i, e) for i, e in enumerate(spec.edges) if e.to == train and e.policy.kind != BACK_EDGE]
     for i, e in into_train[1:]:
         problems.append(Problem(("edges", i), f"second edge into train ({e.from_} -> {train}); train takes batches from one stage",
                                 "two-train-inputs", "merge the inputs in a buffer stage"))
@@ -145,17 +157,19 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem]) -> None
             problems.append(Problem(("edges", i), f"second weight_sync into '{r}'", "two-weight-syncs", "keep one"))
 
 
-def _check_policies(spec: Pipeline, problems: list[Problem]) -> None:
+def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> None:
     trains = stages_of(spec, "train")
-    train = trains[0] if trains else None
+    train = trains[0] if len(trains) == 1 else None  # with 0 or 2 trains, placement rules have no anchor
     for i, e in enumerate(spec.edges):
+        if i in skip:
+            continue
         p, loc = e.policy, ("edges", i, "policy")
         src = spec.stages.get(e.from_)
         if p.kind in CONSUME_POLICIES:
-            if e.to != train:
+            if train is not None and e.to != train:
                 problems.append(Problem(loc + ("kind",), f"'{p.kind}' decides what train consumes; it belongs on the edge into train, not {e.from_} -> {e.to}",
                                         "consume-policy-placement", "use streaming here"))
-        elif train is not None and e.to == train:
+        elif train is not None and e.to == train and p.kind != BACK_EDGE:
             problems.append(Problem(loc + ("kind",), f"'{p.kind}' cannot feed train: the edge into train decides staleness",
                                     "train-edge-policy", "use one of: " + ", ".join(CONSUME_POLICIES)))
         if p.kind == "staleness_bound":

@@ -118,23 +118,32 @@ def apply_overrides(doc: Document, overrides: list[str]) -> None:
         except yaml.YAMLError:
             value = raw
         parts: list = [int(p) if p.isdigit() else p for p in key.split(".")]
-        node = doc.data
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part) if isinstance(node, dict) else (
-                node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
-            if nxt is None and isinstance(node, dict):
-                nxt = node[part] = {}
-            if not isinstance(nxt, (dict, list)):
-                problems.append(Problem(("--set",), f"'{key}': '{'.'.join(map(str, parts[:i + 1]))}' is not a mapping or list",
-                                        "bad-override", "point --set at a field inside the pipeline"))
-                break
-            node = nxt
-        else:
-            last = parts[-1]
-            if isinstance(node, list) and not (isinstance(last, int) and last < len(node)):
-                problems.append(Problem(("--set",), f"'{key}': index {last} is out of range", "bad-override",
-                                        f"the list has {len(node)} items"))
-                continue
-            node[last] = value
+        try:
+            _set(doc.data, parts, value)
+        except _BadPath as bad:
+            problems.append(Problem(("--set",), f"'{key}': {bad}", "bad-override",
+                                    "point --set at a field inside the pipeline, e.g. stages.train.lr=1e-5"))
     if problems:
         raise PipelineInvalid(doc.source, problems)
+
+
+class _BadPath(Exception):
+    pass
+
+
+def _set(node, parts: list, value) -> None:
+    """Set node[parts[0]][parts[1]]... = value, creating mappings that are missing."""
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(map(str, parts[:depth]))
+        if isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                raise _BadPath(f"index {part} is out of range ('{where}' has {len(node)} items)")
+        elif not isinstance(node, dict):
+            raise _BadPath(f"'{where}' is not a mapping or list")
+        if last:
+            node[part] = value
+        else:
+            if isinstance(node, dict) and part not in node:
+                node[part] = {}
+            node = node[part]

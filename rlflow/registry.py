@@ -17,7 +17,6 @@ ENGINES = {
 }
 REWARDS = {
     "exact_match": "rlflow.stages.rewards:exact_match",
-    "arith_exact": "rlflow.stages.rewards:exact_match",
     "numeric_close": "rlflow.stages.rewards:numeric_close",
 }
 FILTERS = {
@@ -77,6 +76,8 @@ def check_reference(category: str, ref: str, *, allow_import: bool = True) -> No
 
 
 def _import(ref: str):
+    from rlflow.errors import did_you_mean
+
     if not IMPORT_STRING.match(ref):
         raise ComponentError(f"'{ref}' is not an import string; write package.module:attr (e.g. mypkg.rewards:exact)")
     module_name, _, attr = ref.partition(":")

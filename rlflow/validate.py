@@ -140,6 +140,7 @@ def _problem(err: dict, doc: Document) -> Problem:
     if typ in ("greater_than_equal", "greater_than", "less_than", "less_than_equal"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than": "<", "less_than_equal": "<="}[typ]
         bound = next(iter(ctx.values()))
+        bound = f"{bound:g}" if isinstance(bound, float) else bound
         return Problem(loc, f"'{name}' must be {op} {bound}, got {value!r}", "out-of-range", help_, line)
     if typ in ("too_short",):
         return Problem(loc, f"'{name}' is empty", "empty", help_, line)

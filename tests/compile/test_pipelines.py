@@ -1,0 +1,81 @@
+"""Every shipped pipeline compiles, opens with its command and purpose, and lowers to a complete plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlflow.cli import main
+from rlflow.compiler import compile_pipeline
+from rlflow.plan import PLAN_VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+PIPELINES = sorted((REPO / "pipelines").glob("*.yaml"))
+
+
+def test_there_are_example_pipelines():
+    names = {p.stem for p in PIPELINES}
+    assert {"quickstart", "synchronous", "one_step", "bounded_async", "staleflow", "laminar", "streamrl"} <= names
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
+def test_pipeline_opens_with_its_command_and_purpose(path):
+    first, second = path.read_text().splitlines()[:2]
+    assert first == f"# rlflow compile pipelines/{path.name} && rlflow run"
+    assert second.startswith("# Purpose: ")
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
+def test_pipeline_compiles_to_plan_summary_and_picture(path, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["compile", str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    plan = json.loads(out.read_text())
+    assert plan["plan_version"] == PLAN_VERSION
+    assert f"pipeline '{plan['name']}'" in printed and "staleness control:" in printed
+    svg = out.with_suffix(".svg").read_text()
+    assert svg.startswith("<svg") and all(f">{n}<" in svg for n in plan["pipeline"]["stages"])
+    # every default is resolved: the plan's pipeline validates again unchanged
+    from rlflow.schema import Pipeline
+
+    assert Pipeline.model_validate(plan["pipeline"]).model_dump(mode="json", by_alias=True) == plan["pipeline"]
+
+
+EXPECTED_CONTROL = {
+    "synchronous": ("synchronous", 0),
+    "one_step": ("one_step", 1),
+    "bounded_async": ("in_flight_limit", 2),
+    "staleflow": ("staleflow", 2),
+    "laminar": ("unbounded", None),
+    "streamrl": ("queue_drop", None),
+    "quickstart": ("staleflow", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_CONTROL))
+def test_edge_policy_lowers_to_the_control_plane_policy(name):
+    plan = compile_pipeline(REPO / "pipelines" / f"{name}.yaml")
+    control = plan["control"]["staleness"]
+    assert (control["kind"], control["eta"]) == EXPECTED_CONTROL[name]
+    assert control["batch_size"] == plan["pipeline"]["stages"]["buffer"]["batch_groups"]
+
+
+def test_queue_drop_pipeline_shows_predicted_staleness(capsys, tmp_path):
+    main(["compile", str(REPO / "pipelines" / "streamrl.yaml"), "-o", str(tmp_path / "p.json")])
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "p.json").read_text())
+    pred = plan["prediction"]
+    assert pred["available"]
+    assert pred["mean"] == pytest.approx(pred["pre_queue"] + pred["in_queue"])
+    assert f"predicted mean staleness: {pred['mean']:.2f} steps = pre-queue {pred['pre_queue']:.2f}" in out
+
+
+def test_actors_follow_replicas_and_resources():
+    plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
+    rollouts = [a for a in plan["actors"] if a["role"] == "rollout"]
+    assert [a["name"] for a in rollouts] == ["rollout-0", "rollout-1"]
+    assert all(a["num_cpus"] == 0.5 for a in rollouts)
+    roles = {a["role"] for a in plan["actors"]}
+    assert {"trainer", "trajectory_server", "parameter_server"} <= roles
