@@ -33,6 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="execute a compiled plan on Ray")
     p.add_argument("plan", nargs="?", default=None, help="plan path (default .rlflow/plan.json)")
     p.add_argument("--resume", action="store_true", help="continue from the plan's last checkpoint")
+    p.add_argument("--address", default=None, help="join this Ray cluster instead of starting an embedded one")
+    overrides(p)
+    p = sub.add_parser("simulate", help="run the plan in the discrete-event simulator (any scale, seconds)")
+    p.add_argument("plan", nargs="?", default=None, help="plan path (default .rlflow/plan.json)")
+    p.add_argument("--steps", type=int, default=100, help="training steps to simulate (default 100)")
+    p.add_argument("--mode", choices=("slots", "cost_model"), default=None,
+                   help="slots: the closed form's C slots at speed s_R; cost_model: StaleFlow's per-instance cost model")
+    p.add_argument("--instances", type=int, default=None, help="rollout instances (default: the plan's replicas)")
+    p.add_argument("--profile", default=None, help="cost-model profile JSON (default: the plan's, else StaleFlow Table 4)")
+    p.add_argument("--train-tokens-per-s", type=float, default=None, help="trainer throughput (default: workload block, else rho = 1)")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="prompt length held in the KV cache")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("-o", "--output", default=".rlflow/sim", help="folder for the report (default .rlflow/sim)")
     overrides(p)
     return ap
 
@@ -66,16 +79,49 @@ def _schema(args) -> int:
 def _run(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan, write_plan
 
+    plan_path = args.plan or DEFAULT_PLAN
+    plan = read_plan(plan_path)
+    if args.overrides:
+        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
+        write_plan(plan, plan_path)
+    from rlflow.runtime.launch import launch
+
+    summary = launch(plan, resume=args.resume, address=args.address)
+    print(json.dumps(summary, indent=2))
+    return EXIT_OK if not summary.get("stopped") else 130
+
+
+def _simulate(args) -> int:
+    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan
+    from rlflow.errors import Problem
+    from rlflow.sim import SimConfigError, SimulationStalled, simulate
+    from rlflow.sim.from_plan import sim_config
+    from rlflow.sim.report import text_report, write_report
+
     plan = read_plan(args.plan or DEFAULT_PLAN)
     if args.overrides:
         plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
-        write_plan(plan, args.plan or DEFAULT_PLAN)
-    print(f"plan '{plan['name']}' is valid, but the Ray runtime has not landed yet (issue 6); nothing was run.",
-          file=sys.stderr)
-    return EXIT_UNAVAILABLE
+    try:
+        config, notes = sim_config(plan, steps=args.steps, mode=args.mode, instances=args.instances, profile=args.profile,
+                                   train_tokens_per_s=args.train_tokens_per_s, prompt_tokens=args.prompt_tokens, seed=args.seed)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"simulating '{plan['name']}': {config.steps} steps, {config.mode} mode, {config.instances} instances, "
+              f"policy {config.policy}" + (f" eta={config.eta}" if config.eta is not None else ""), flush=True)
+        result = simulate(config)
+    except (SimConfigError, ValueError, SimulationStalled) as e:
+        raise PipelineInvalid(plan["source"], [Problem(("simulate",), str(e), "bad-simulation", "see rlflow simulate --help")]) from None
+    print(text_report(result))
+    pred = plan["prediction"]
+    if pred.get("available"):
+        print(f"plan's predicted mean staleness {pred['mean']:.3f} vs simulated {result.mean_staleness:.3f}")
+    text, png = write_report(result, args.output, stem=plan["name"])
+    (text.parent / f"{plan['name']}.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    print(f"wrote {text}, {png} and {text.with_suffix('.json')}")
+    return EXIT_OK
 
 
-COMMANDS = {"compile": _compile, "validate": _validate, "schema": _schema, "run": _run}
+COMMANDS = {"compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

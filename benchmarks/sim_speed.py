@@ -1,0 +1,77 @@
+"""Wall time of the simulator at StaleFlow's scale: 100 steps of B = 128 groups x 16 over 64 instances.
+
+python benchmarks/sim_speed.py            # prints the table, writes benchmarks/results/sim_speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+from rlflow.sim import CostProfile, LengthSpec, SimConfig, TrainerModel, simulate
+
+RESULTS = Path(__file__).resolve().parent / "results" / "sim_speed.md"
+
+VARIANTS = [  # (policy, eta, weight_sync, partial_rollout)
+    ("staleflow", 3, "per_instance", True),
+    ("staleflow", 3, "global", True),
+    ("staleflow", 3, "global", False),
+    ("synchronous", None, "global", True),
+]
+
+
+def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int) -> SimConfig:
+    """StaleFlow §6.5-like workload on the Table 4 cost model (response cap 20k, lognormal lengths)."""
+    return SimConfig(
+        mode="cost_model",
+        instances=64,
+        profile=CostProfile.load("staleflow-table4-qwen3-30b-a3b"),
+        lengths=LengthSpec(kind="lognormal", mean=4096, tailness=60, cap=20480),
+        prompt_tokens=256,
+        group_size=16,
+        batch_groups=128,
+        policy=policy,
+        eta=eta,
+        weight_sync=sync,
+        partial_rollout=partial,
+        trainer=TrainerModel(base_s=5.0, s_per_token=1.5e-5),
+        steps=steps,
+        warmup_steps=10,
+        seed=0,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    for policy, eta, sync, partial in VARIANTS:
+        cfg = config(policy, eta, sync, partial, args.steps)
+        wall, cpu = time.perf_counter(), time.process_time()
+        r = simulate(cfg)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        sync_name = sync if sync == "per_instance" else ("global (partial)" if partial else "global (barrier)")
+        rows.append(
+            f"| {policy} | {'-' if eta is None else eta} | {sync_name} | {wall:.2f} | {cpu:.2f} | {r.events:,} |"
+            f" {r.consumed * cfg.group_size:,} | {r.sim_time_s:,.0f} | {r.trained_tokens_per_s:,.0f} |"
+            f" {r.mean_staleness:.2f} | {r.trainer_idle_ratio:.0%} | {r.rollout_idle_ratio:.0%} |"
+        )
+        print(rows[-1], flush=True)
+    header = (
+        f"# Simulator speed\n\n`python benchmarks/sim_speed.py --steps {args.steps}` on {platform.processor() or platform.machine()},"
+        f" Python {platform.python_version()}.\n\n{args.steps} train steps of B = 128 groups x 16 = 2048 trajectories,"
+        " 64 cost-model instances (configs/profiles/staleflow-table4-qwen3-30b-a3b.json), lognormal lengths"
+        " (mean 4096, tailness 60, cap 20480), 256-token prompts, trainer 5 s + 1.5e-5 s/token.\n\n"
+        "| policy | eta | weight sync | wall s | CPU s | events | trajectories trained | virtual s | trained tokens/s |"
+        " mean staleness | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(header + "\n".join(rows) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

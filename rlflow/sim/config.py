@@ -1,0 +1,164 @@
+"""What one simulation run is: engines, lengths, trainer, policy, weight sync (typed, validated)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+MODES = ("slots", "cost_model")
+LENGTH_KINDS = ("fixed", "lognormal", "file")
+WEIGHT_SYNC = ("global", "per_instance")
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
+
+
+class SimConfigError(ValueError):
+    """A simulation config that cannot describe a run; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """Response-length distribution, in tokens."""
+
+    kind: str = "fixed"  # "fixed" | "lognormal" | "file"
+    mean: float = 1024.0  # E[L] before capping (fixed: every length; lognormal: E[L] of the uncapped law)
+    tailness: float = 0.0  # lognormal: sigma = 1.3 * tailness / 100 (staleness-model.md)
+    cap: int | None = None  # lognormal: max_new_tokens; lengths are rounded then capped
+    path: str | None = None  # file: one integer per line, or a JSON list of integers
+
+    def __post_init__(self):
+        if self.kind not in LENGTH_KINDS:
+            raise SimConfigError(f"lengths.kind: unknown {self.kind!r}; use one of {LENGTH_KINDS}")
+        if self.kind == "file" and not self.path:
+            raise SimConfigError("lengths.path: a 'file' length distribution needs the path of recorded lengths")
+        if self.kind != "file" and self.mean < 1:
+            raise SimConfigError(f"lengths.mean: must be >= 1 token, got {self.mean}")
+        if self.tailness < 0:
+            raise SimConfigError(f"lengths.tailness: must be >= 0, got {self.tailness}")
+        if self.cap is not None and self.cap < 1:
+            raise SimConfigError(f"lengths.cap: must be >= 1 token, got {self.cap}")
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Per-instance rollout cost model (StaleFlow Appendix B) plus the costs the paper leaves out."""
+
+    name: str
+    k1: float  # s per KV unit per decode step (attention reads the KV cache)
+    k2: float  # s per decode step, matmul memory-bound floor
+    k3: float  # s per running trajectory per decode step, matmul compute-bound slope
+    k4: float  # s per decode step, other overheads
+    k5: float  # KV units per token held
+    kv_budget: float  # M, KV units an instance may hold; beyond it work waits
+    max_running: int  # engine cap on running trajectories (vLLM max_num_seqs)
+    prefill_s_per_token: float  # prefill / re-prefill cost; stalls the instance's decoding
+    pull_s: float  # weight pull; stalls the instance's decoding
+
+    def step_latency(self, kv_units: float, running: int) -> float:
+        """Eq. 11: k1 * kv_cache + max(k2, k3 * n) + k4."""
+        return self.k1 * kv_units + max(self.k2, self.k3 * running) + self.k4
+
+    @property
+    def kv_tokens(self) -> float:
+        """KV budget expressed in tokens held."""
+        return self.kv_budget / self.k5
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> CostProfile:
+        """Read a profile JSON; a bare name is looked up in configs/profiles/. Doc keys are ignored."""
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = PROFILE_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise SimConfigError(f"profile: no file {path}; shipped: {sorted(p.stem for p in PROFILE_DIR.glob('*.json'))}")
+        raw = json.loads(path.read_text())
+        known = {f.name for f in fields(cls)}
+        values = {k: v["value"] if isinstance(v, dict) else v for k, v in raw.items() if k in known}
+        missing = known - set(values)
+        if missing:
+            raise SimConfigError(f"profile {path}: missing {sorted(missing)}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrainerModel:
+    """Train-step time: fixed t_step, or base_s + s_per_token * batch tokens (prompt + response)."""
+
+    t_step: float | None = None
+    base_s: float = 0.0
+    s_per_token: float = 0.0
+
+    def __post_init__(self):
+        if self.t_step is None and self.base_s <= 0 and self.s_per_token <= 0:
+            raise SimConfigError("trainer: give t_step, or base_s / s_per_token > 0 (a step cannot take no time)")
+        if self.t_step is not None and self.t_step <= 0:
+            raise SimConfigError(f"trainer.t_step: must be > 0 s, got {self.t_step}")
+
+    def step_time(self, tokens: float) -> float:
+        if self.t_step is not None:
+            return self.t_step
+        return self.base_s + self.s_per_token * tokens
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated run. Batch and capacity count groups; concurrency `slots` counts samples."""
+
+    mode: str = "slots"  # "slots": closed-form model's C slots; "cost_model": StaleFlow Appendix B instances
+    instances: int = 1  # rollout instances (slots mode: slots are spread over them, for the load timeline)
+    slots: int = 64  # slots mode: C, samples generating at once
+    speed: float = 100.0  # slots mode: s_R, tokens/s per slot
+    stagger: bool = True  # slots mode: slots come up spread over one mean generation time, not in lockstep
+    profile: CostProfile | None = None  # cost_model mode: per-instance cost model
+    lengths: LengthSpec = field(default_factory=LengthSpec)
+    prompt_tokens: int = 0  # prompt length, prefilled and held in KV (cost_model), counted in batch tokens
+    group_size: int = 8  # S, samples per group
+    batch_groups: int = 16  # G, groups per train step
+    policy: str = "queue_drop"  # make_policy kind
+    eta: int | None = None  # staleness bound (policies that take one)
+    capacity: int | None = None  # queue capacity in groups (queue_drop / queue_max)
+    batch_redundancy: int = 0  # extra groups admitted per batch (staleflow)
+    weight_sync: str = "global"  # "global" | "per_instance" (cost_model mode)
+    partial_rollout: bool = True  # global sync: True pulls mid-flight (V_traj kept); False drains all, then pulls
+    trainer: TrainerModel = field(default_factory=lambda: TrainerModel(t_step=1.0))
+    steps: int = 100  # train steps to simulate
+    warmup_steps: int = 10  # steps excluded from steady-state statistics
+    seed: int = 0
+    timeline_points: int = 400  # load timeline is resampled to this many instants
+    max_events: int = 50_000_000  # guard against a run that can never finish its steps
+
+    def __post_init__(self):
+        errors = []
+        if self.mode not in MODES:
+            errors.append(f"mode: unknown {self.mode!r}; use one of {MODES}")
+        if self.weight_sync not in WEIGHT_SYNC:
+            errors.append(f"weight_sync: unknown {self.weight_sync!r}; use one of {WEIGHT_SYNC}")
+        if self.mode == "slots" and self.weight_sync != "global":
+            errors.append("weight_sync: slots mode models the closed form's instant in-flight sync; use 'global'")
+        if self.mode == "cost_model" and self.profile is None:
+            errors.append("profile: cost_model mode needs a CostProfile (e.g. CostProfile.load('staleflow-table4-qwen3-30b-a3b'))")
+        for name in ("instances", "slots", "group_size", "batch_groups", "steps"):
+            if getattr(self, name) < 1:
+                errors.append(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.speed <= 0:
+            errors.append(f"speed: must be > 0 tokens/s, got {self.speed}")
+        if not 0 <= self.warmup_steps < self.steps:
+            errors.append(f"warmup_steps: must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        if self.mode == "slots" and self.slots < self.instances:
+            errors.append(f"slots: {self.slots} slots cannot be spread over {self.instances} instances")
+        if self.profile is not None and self.mode == "cost_model" and self.lengths.kind == "lognormal":
+            longest = self.prompt_tokens + (self.lengths.cap or 0)
+            if self.lengths.cap is None:
+                errors.append("lengths.cap: cost_model mode needs capped lengths (a trajectory must fit the KV budget)")
+            elif longest > self.profile.kv_tokens:
+                errors.append(f"lengths.cap: prompt + cap = {longest} tokens exceeds the KV budget ({self.profile.kv_tokens:.0f} tokens)")
+        if errors:
+            raise SimConfigError("; ".join(errors))
+
+    @property
+    def batch_samples(self) -> int:
+        """B = G * S, in samples."""
+        return self.batch_groups * self.group_size
+
+    def as_dict(self) -> dict:
+        return asdict(self)

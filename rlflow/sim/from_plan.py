@@ -1,0 +1,70 @@
+"""A compiled plan -> SimConfig: the simulator executes the same plan and the same policies as `rlflow run`.
+
+What the plan does not say (engine speed, trainer speed at scale) comes from flags, the plan's
+`workload` block, or a stated assumption; every assumption is returned as a note and printed.
+"""
+
+from __future__ import annotations
+
+from rlflow.sim.config import CostProfile, LengthSpec, SimConfig, TrainerModel
+from rlflow.sim.lengths import expected_length
+
+DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
+
+
+def _rollout(plan: dict) -> tuple[str, dict]:
+    return next((n, s) for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "rollout")
+
+
+def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,
+               profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
+               seed: int | None = None) -> tuple[SimConfig, list[str]]:
+    """The simulation of `plan`, and notes on what was assumed."""
+    notes: list[str] = []
+    name, rollout = _rollout(plan)
+    w = plan["pipeline"]["workload"]
+    control = plan["control"]["staleness"]
+    coord = plan["control"]["coordination"][name]
+    ws = coord["weight_sync"] or {"mode": "global", "partial_rollout": False}
+    sync = ws["mode"]
+    if sync == "throughput_aware":
+        notes.append("throughput_aware sync is simulated as per_instance until the coordinator lands (issue 5)")
+        sync = "per_instance"
+    cap = w["length_cap"] or rollout["max_new_tokens"]
+    lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
+                         tailness=w["tailness"], cap=cap)
+    profile = profile or coord["profile"]
+    if mode is None:
+        mode = "slots" if (w["rollout_tokens_per_s"] and not profile) else "cost_model"
+    instances = instances or rollout["replicas"]
+    common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control["batch_size"],
+                  policy=control["kind"], eta=control["eta"], capacity=control["capacity"],
+                  batch_redundancy=control["batch_redundancy"], steps=steps, warmup_steps=min(10, steps // 5),
+                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens)
+    if mode == "slots":
+        if not w["rollout_tokens_per_s"]:
+            raise ValueError("slots mode needs workload.rollout_tokens_per_s (set it in the pipeline or with --set)")
+        slots = w["concurrency"] or instances * rollout["max_running"]
+        speed = w["rollout_tokens_per_s"] / slots
+        if sync != "global":
+            notes.append(f"slots mode syncs weights in flight (the closed form's assumption); {sync} sync is not modelled")
+        config_kw = dict(mode="slots", instances=min(instances, slots), slots=slots, speed=speed, weight_sync="global",
+                         partial_rollout=True)
+        v_r = w["rollout_tokens_per_s"]
+    else:
+        if not profile:
+            profile = DEFAULT_PROFILE
+            notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} (pass --profile to change)")
+        prof = CostProfile.load(profile)
+        config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
+                         partial_rollout=ws["partial_rollout"])
+        n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
+        held = n * (prompt_tokens + expected_length(lengths) / 2)
+        v_r = instances * n / prof.step_latency(prof.k5 * held, n)  # decode tokens/s of a full fleet
+    v_t = train_tokens_per_s or w["train_tokens_per_s"]
+    if v_t is None:
+        v_t = v_r
+        notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s); "
+                     "set workload.train_tokens_per_s or --train-tokens-per-s")
+    trainer = TrainerModel(s_per_token=1.0 / v_t)
+    return SimConfig(**config_kw, trainer=trainer, **common), notes

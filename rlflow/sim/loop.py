@@ -1,0 +1,267 @@
+"""The discrete-event loop: a virtual clock jumping between completions, train-step ends and syncs.
+
+The loop drives a real StalenessPolicy (operators/registry.py `make_policy`) exactly as an executor
+must: verify(weights version) then reserve when a unit has room; occupy(min member version) when
+all S samples of a group finished; consume() when the trainer is idle and the policy is ready; the
+weights version advances when the step ends and is published to the rollout side.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from itertools import count
+
+import numpy as np
+
+from rlflow.operators.policy import InvariantViolation, StalenessPolicy
+from rlflow.operators.registry import make_policy
+from rlflow.sim.closed_form import closed_form_prediction
+from rlflow.sim.config import SimConfig, SimConfigError
+from rlflow.sim.fleet import Fleet
+from rlflow.sim.lengths import LengthSampler, expected_length
+from rlflow.sim.result import SimResult, Timeline
+from rlflow.sim.slots import SlotPool
+from rlflow.sim.trajectories import Group, Sample, TrajectoryServer
+
+
+class SimulationStalled(RuntimeError):
+    """The run cannot reach its step count (nothing left to happen, or the event budget is spent)."""
+
+
+def build_policy(config: SimConfig) -> StalenessPolicy:
+    """The policy a pipeline would get, by name; a bad combination is a SimConfigError."""
+    try:
+        return make_policy(
+            config.policy,
+            batch_size=config.batch_groups,
+            eta=config.eta,
+            capacity=config.capacity,
+            batch_redundancy=config.batch_redundancy,
+        )
+    except ValueError as e:
+        raise SimConfigError(f"policy: {e}") from e
+
+
+class Simulation:
+    """One run of `config`; `policy` defaults to build_policy(config)."""
+
+    def __init__(self, config: SimConfig, policy: StalenessPolicy | None = None):
+        self.cfg = config
+        self.policy = policy if policy is not None else build_policy(config)
+        self.sampler = LengthSampler(config.lengths, np.random.default_rng(config.seed))
+        self._check_lengths_fit()
+        self.now = 0.0
+        self.weights = 0  # latest published weights version (train steps finished)
+        self.state_epoch = 0  # bumped on every policy or trajectory-server change
+        self.ts = TrajectoryServer()
+        self.groups: dict[int, Group] = {}  # admitted, not yet consumed / dropped / aborted
+        self.timeline = Timeline(config.instances)
+        self._heap: list = []
+        self._seq = count()
+        self._gids = count()
+        self._verified: dict[int, bool] = {}
+        self._verified_epoch = -1
+        self._training = False
+        self._steps_started = 0
+        self._steps_done = 0
+        self._stop = False
+        self.events = 0
+        # steady-state window statistics
+        self._in_window = config.warmup_steps == 0
+        self._t_warm = 0.0
+        self._busy_at_warm = 0.0
+        self._train_busy = 0.0
+        self._trained_tokens = 0.0
+        self._trained_samples = 0
+        self._staleness: list[int] = []
+        self._step_max: list[int] = []
+        self._trained_lengths: list[int] = []
+        self._sampled_lengths: list[int] = []
+        self._train_steps: list[tuple[float, float]] = []
+        if config.mode == "slots":
+            stagger = expected_length(config.lengths) / config.speed if config.stagger else 0.0
+            self.rollout = SlotPool(self, config.slots, config.speed, config.instances, stagger)
+        else:
+            self.rollout = Fleet(
+                self, config.instances, config.profile, config.prompt_tokens, config.weight_sync, config.partial_rollout
+            )
+
+    # -- what engines call ------------------------------------------------------------------------
+    def schedule(self, t: float, fn, arg) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
+
+    def next_sample(self, version: int) -> Sample | None:
+        """A sample that weights `version` may generate: a routable one, or the first of a newly admitted group."""
+        sample = self.ts.take(version)
+        if sample is not None:
+            return sample
+        if not self._verify(version):
+            return None
+        gid = next(self._gids)
+        self.policy.reserve(gid, version)
+        self.state_epoch += 1
+        group = Group(gid, version, self.sampler.draw(self.cfg.group_size), self.cfg.prompt_tokens)
+        self.groups[gid] = group
+        self.ts.put(group)
+        return self.ts.take(version)
+
+    def can_route(self, version: int) -> bool:
+        """Would next_sample(version) return work (no side effects)?"""
+        return self.ts.has(version) or self._verify(version)
+
+    def sample_done(self, sample: Sample) -> None:
+        if self._in_window:
+            self._sampled_lengths.append(sample.length)
+        group = sample.group
+        group.remaining -= 1
+        group.min_version = sample.version if group.min_version is None else min(group.min_version, sample.version)
+        if group.remaining:
+            return
+        self._forget(self.policy.occupy(group.gid, group.min_version))
+        self.state_epoch += 1
+
+    def _forget(self, entries) -> None:
+        """Groups the policy let go of: dropped when completed, aborted (surplus) when still generating."""
+        for entry in entries:
+            group = self.groups.pop(entry.gid, None)
+            if group is not None and group.remaining:
+                self.ts.discard(group)
+                self.rollout.abort(group)
+
+    # -- trainer ----------------------------------------------------------------------------------
+    def _try_train(self) -> None:
+        if self._training or self._steps_started == self.cfg.steps or not self.policy.ready():
+            return
+        batch = self.policy.consume()
+        self.state_epoch += 1
+        self.policy.check_invariants()
+        step = self._steps_started
+        self._steps_started += 1
+        self._forget(batch.dropped)
+        tokens = 0
+        lengths: list[int] = []
+        for entry in batch.entries:
+            group = self.groups.pop(entry.gid, None)
+            if group is None or group.remaining:
+                raise InvariantViolation(
+                    f"{self.policy.name}: step {step} trains group {entry.gid}, which is not a completed, untrained group"
+                )
+            lengths.extend(group.lengths)
+            tokens += sum(group.lengths) + self.cfg.prompt_tokens * len(group.lengths)
+        duration = self.cfg.trainer.step_time(tokens)
+        if step >= self.cfg.warmup_steps:
+            staleness = batch.staleness()
+            self._staleness.extend(staleness)
+            self._step_max.append(max(staleness, default=0))
+            self._trained_lengths.extend(lengths)
+            self._trained_tokens += tokens
+            self._trained_samples += len(lengths)
+            self._train_busy += duration
+        self._training = True
+        self._train_steps.append((self.now, self.now + duration))
+        self.schedule(self.now + duration, self._on_train_end, step)
+
+    def _on_train_end(self, step: int) -> None:
+        self._training = False
+        self._steps_done += 1
+        self.weights += 1
+        if self._steps_done == self.cfg.warmup_steps:
+            self._in_window = True
+            self._t_warm = self.now
+            self._busy_at_warm = self.rollout.busy_time(self.now)
+        if self._steps_done == self.cfg.steps:
+            self._stop = True
+            return
+        self.rollout.publish(self.weights)
+
+    # -- loop -------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        heap = self._heap
+        self._settle()
+        while not self._stop:
+            if not heap:
+                raise SimulationStalled(self._stall_report("no event left"))
+            if self.events >= self.cfg.max_events:
+                raise SimulationStalled(self._stall_report(f"event budget {self.cfg.max_events} spent"))
+            t, _, fn, arg = heapq.heappop(heap)
+            self.now = t
+            fn(arg)
+            self.events += 1
+            self._settle()
+        return self._result(time.perf_counter() - wall)
+
+    def _settle(self) -> None:
+        self._try_train()
+        self.rollout.wake()
+
+    def _verify(self, version: int) -> bool:
+        if self._verified_epoch != self.state_epoch:
+            self._verified.clear()
+            self._verified_epoch = self.state_epoch
+        ok = self._verified.get(version)
+        if ok is None:
+            ok = self._verified[version] = self.policy.verify(version)
+        return ok
+
+    def _check_lengths_fit(self) -> None:
+        longest = self.sampler.max_length
+        if self.cfg.mode == "cost_model" and longest is not None:
+            if longest + self.cfg.prompt_tokens > self.cfg.profile.kv_tokens:
+                raise SimConfigError(
+                    f"lengths: a {longest}-token response after a {self.cfg.prompt_tokens}-token prompt cannot fit"
+                    f" the KV budget of {self.cfg.profile.kv_tokens:.0f} tokens"
+                )
+
+    def _stall_report(self, why: str) -> str:
+        c = self.policy.counters
+        return (
+            f"simulation stalled at t={self.now:.3f}s after {self._steps_done}/{self.cfg.steps} steps ({why}):"
+            f" policy {self.policy.name!r} ready={self.policy.ready()} version={self.policy.version}"
+            f" in_flight={c.in_flight} pending={c.pending} weights={self.weights}"
+        )
+
+    def _result(self, wall_s: float) -> SimResult:
+        cfg = self.cfg
+        end = self.now
+        window = max(end - self._t_warm, 1e-12)
+        units = self.rollout.units
+        busy = self.rollout.busy_time(end) - self._busy_at_warm
+        times, running = self.timeline.resample(end, cfg.timeline_points)
+        c = self.policy.counters
+        return SimResult(
+            policy=cfg.policy,
+            mode=cfg.mode,
+            steps=cfg.steps,
+            warmup_steps=cfg.warmup_steps,
+            sim_time_s=end,
+            window_s=window,
+            trained_tokens_per_s=self._trained_tokens / window,
+            trained_trajectories_per_s=self._trained_samples / window,
+            generated_tokens_per_s=sum(self._sampled_lengths) / window,
+            staleness=self._staleness,
+            step_max_staleness=self._step_max,
+            trained_lengths=self._trained_lengths,
+            sampled_lengths=self._sampled_lengths,
+            expected_length=expected_length(cfg.lengths),
+            trainer_idle_ratio=max(0.0, 1 - self._train_busy / window),
+            rollout_idle_ratio=max(0.0, 1 - busy / (units * window)),
+            consumed=c.consumed,
+            dropped=c.dropped,
+            aborted=c.aborted,
+            filtered=c.filtered,
+            preemptions=getattr(self.rollout, "preemptions", 0),
+            pulls=getattr(self.rollout, "pulls", 0),
+            events=self.events,
+            wall_s=wall_s,
+            train_steps=self._train_steps,
+            timeline_t=times,
+            timeline_running=running,
+            predicted=closed_form_prediction(cfg),
+        )
+
+
+def simulate(config: SimConfig, policy: StalenessPolicy | None = None) -> SimResult:
+    """Run `config` to its step count and return steady-state statistics."""
+    return Simulation(config, policy).run()

@@ -1,0 +1,85 @@
+"""Groups and samples in flight, and the trajectory server that holds samples not yet routed."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Group:
+    """The S samples of one prompt; admitted with V_traj = `version`, occupied with the min member version."""
+
+    __slots__ = ("gid", "version", "lengths", "remaining", "min_version", "samples")
+
+    def __init__(self, gid: int, version: int, lengths: list[int], prompt: int):
+        self.gid = gid
+        self.version = version  # reserved V_traj (weights of the unit that admitted it)
+        self.lengths = lengths
+        self.remaining = len(lengths)
+        self.min_version: int | None = None
+        self.samples = [Sample(self, i, n, prompt) for i, n in enumerate(lengths)]
+
+
+class Sample:
+    """One trajectory: `length` response tokens after a `prompt`; `version` is set by its first token."""
+
+    __slots__ = ("group", "index", "length", "prompt", "generated", "version", "join", "contrib", "finish", "where")
+
+    def __init__(self, group: Group, index: int, length: int, prompt: int):
+        self.group = group
+        self.index = index
+        self.length = length
+        self.prompt = prompt
+        self.generated = 0.0  # tokens generated before the current admission (preemption resumes from here)
+        self.version: int | None = None  # weights version that generated the first token
+        self.join = 0.0  # engine progress counter when admitted to running
+        self.contrib = 0.0  # this sample's constant term in the engine's KV sum
+        self.finish = 0.0  # engine progress counter at which it completes
+        self.where = None  # the slot or instance generating it; None while unrouted or done
+
+
+class TrajectoryServer:
+    """Samples of admitted groups waiting to be routed, by their group's reserved version."""
+
+    def __init__(self):
+        self._by_version: dict[int, deque[Sample]] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def put(self, group: Group) -> None:
+        self._by_version.setdefault(group.version, deque()).extend(group.samples)
+        self._size += len(group.samples)
+
+    def has(self, max_version: int) -> bool:
+        """Is there a sample that weights `max_version` may generate?"""
+        return bool(self._size) and min(self._by_version) <= max_version
+
+    def take(self, max_version: int) -> Sample | None:
+        """Oldest-version sample that weights `max_version` may generate (V_traj <= weights version)."""
+        if not self._size:
+            return None
+        for version in sorted(self._by_version):
+            if version > max_version:
+                return None
+            queue = self._by_version[version]
+            sample = queue.popleft()
+            if not queue:
+                del self._by_version[version]
+            self._size -= 1
+            return sample
+        return None
+
+    def discard(self, group: Group) -> int:
+        """Drop a group's unrouted samples (its group was aborted); returns how many."""
+        queue = self._by_version.get(group.version)
+        if not queue:
+            return 0
+        kept = deque(s for s in queue if s.group is not group)
+        removed = len(queue) - len(kept)
+        if kept:
+            self._by_version[group.version] = kept
+        else:
+            del self._by_version[group.version]
+        self._size -= removed
+        return removed
