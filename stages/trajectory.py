@@ -1,0 +1,39 @@
+"""What flows from rollout to reward to buffer to train: one sampled completion and its metadata.
+
+Plain data (lists, not tensors) so it crosses Ray's object store and Ray Data blocks cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Trajectory:
+    """One completion of one prompt; `group_id` ties the group_size samples of a prompt together."""
+
+    group_id: str  # the group (prompt) this sample belongs to
+    index: int  # member index within the group, 0..group_size(+redundancy)-1
+    prompt: str
+    answer: str  # reference answer for the reward function
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    behaviour_logprobs: list[float] = field(default_factory=list)  # log pi_behaviour(token), one per completion token
+    version: int = 0  # V_traj: oldest weights version that generated any of its tokens
+    versions_seen: list[int] = field(default_factory=list)  # every version that produced a segment (partial rollout)
+    finish_reason: str = ""  # "stop" | "length" | "abort" | "interrupt"
+    completion: str = ""  # decoded completion text
+    reward: float | None = None
+    reward_error: str | None = None  # set when the reward function raised; the trajectory is then failed
+    instance: int | None = None  # rollout instance that finished it
+
+    @property
+    def traj_id(self) -> str:
+        return f"{self.group_id}/{self.index}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "Trajectory":
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})

@@ -1,0 +1,241 @@
+"""DeepSpeedTrainer on a real tiny Llama and a real DeepSpeed engine (gloo, one process, CPU)."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rlflow.stages import grpo
+from rlflow.stages.trainer import DeepSpeedTrainer
+from rlflow.stages.trajectory import Trajectory
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ZERO = {s: os.path.join(REPO, "configs", "deepspeed", f"zero{s}.json") for s in range(4)}
+VOCAB, GROUP, REWARDED = 64, 4, 7  # reward 1 when token 7 appears in the completion
+ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0, max_importance_ratio=5.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # PLATFORM-NOTES: more threads on shared cores make steps far slower
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def load_hf(model_dir, state=None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if state is not None:
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+    return model
+
+
+def completion_logprobs(model, traj, temperature=1.0):
+    """Per-token log-probs of traj's completion under `model`, from an unpadded forward (the sampler's view)."""
+    ids = torch.tensor([traj.prompt_ids + traj.completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(traj.prompt_ids) - 1 : -1]
+    return grpo.token_logprobs(logits, torch.tensor(traj.completion_ids), temperature)
+
+
+def make_batch(model, n_groups=4, seed=0, temperature=1.0):
+    """Groups of GROUP random completions of varied length, on-policy behaviour log-probs, toy reward."""
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 7))]
+        for i in range(GROUP):
+            completion = [rng.choice([t for t in range(VOCAB) if t != REWARDED]) for _ in range(rng.randrange(4, 11))]
+            if i % 2 == 0:  # half of each group is rewarded, so every group carries signal
+                completion[rng.randrange(len(completion))] = REWARDED
+            t = Trajectory(group_id=f"g{seed}-{g}", index=i, prompt="", answer="", prompt_ids=prompt,
+                           completion_ids=completion, reward=float(REWARDED in completion))  # fmt: skip
+            t.behaviour_logprobs = completion_logprobs(model, t, temperature).tolist()
+            trajs.append(t)
+    return trajs
+
+
+def trainer(model_dir, stage, **kw):
+    return DeepSpeedTrainer(model_dir, ZERO[stage], **{"lr": 3e-3, "micro_batch_size": 5, **ALGO, **kw})
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_training_raises_the_logprob_of_rewarded_completions(model_dir, stage):
+    initial = load_hf(model_dir)
+    batch = make_batch(initial)
+    tr = trainer(model_dir, stage)
+    try:
+        metrics = [tr.train_step(batch, GROUP) for _ in range(4)]
+        trained = load_hf(model_dir, tr.state_numpy())
+    finally:
+        tr.close()
+
+    def mean_logprob(model, rewarded):
+        return np.mean([completion_logprobs(model, t).sum().item() for t in batch if (t.reward == 1.0) == rewarded])
+
+    assert mean_logprob(trained, True) > mean_logprob(initial, True) + 0.5
+    assert mean_logprob(trained, False) < mean_logprob(initial, False)
+    assert [m["version"] for m in metrics] == [1, 2, 3, 4]
+    first = metrics[0]
+    assert first["tokens"] == sum(len(t.completion_ids) for t in batch)
+    assert first["micro_batches"] == 4  # 16 trajectories, micro-batches of 5
+    # step 1 is on-policy: the importance weights are 1 and nothing is clipped
+    assert first["importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert first["importance_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert first["clip_frac"] == 0.0 and first["kl"] == 0.0
+    assert first["grad_norm"] > 0 and first["entropy"] > 0
+    # later steps reuse the batch: it is now stale and the importance weights move away from 1
+    assert metrics[-1]["importance_weight_max"] > 1.01
+
+
+def test_old_logprobs_match_an_unpadded_forward_at_the_temperature(model_dir):
+    # behaviour log-probs from an unpadded forward at T = 0.7: the trainer's padded, shifted, tempered
+    # recomputation must agree token by token, so every importance weight is exactly 1
+    batch = make_batch(load_hf(model_dir), temperature=0.7)
+    tr = trainer(model_dir, 0, temperature=0.7, micro_batch_size=16)
+    try:
+        m = tr.train_step(batch, GROUP)
+    finally:
+        tr.close()
+    assert m["importance_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m["importance_weight_max"] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "stage, loss_agg", [(0, "token"), (0, "sequence"), (1, "token"), (2, "sequence"), (3, "token")]
+)
+def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, stage, loss_agg):
+    batch = make_batch(load_hf(model_dir), seed=3)
+    results = []
+    for micro in (3, 16):  # 6 micro-batches (the last one short) vs one
+        tr = trainer(model_dir, stage, micro_batch_size=micro, loss_agg=loss_agg)
+        try:
+            results.append((tr.train_step(batch, GROUP), tr.state_numpy()))
+        finally:
+            tr.close()
+    (m_micro, w_micro), (m_full, w_full) = results
+    assert m_micro["micro_batches"] == 6 and m_full["micro_batches"] == 1
+    assert m_micro["loss"] == pytest.approx(m_full["loss"], abs=1e-6)
+    assert m_micro["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-4)
+    # Adam's first update is about lr * g / |g|: entries with |g| near eps amplify rounding, so compare at lr / 100
+    for name in w_full:
+        np.testing.assert_allclose(w_micro[name], w_full[name], atol=3e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_state_numpy_round_trips_into_a_fresh_hf_model(model_dir, stage):
+    batch = make_batch(load_hf(model_dir))
+    tr = trainer(model_dir, stage)
+    try:
+        tr.train_step(batch, GROUP)
+        state = tr.state_numpy()
+        ids = torch.tensor([batch[0].prompt_ids + batch[0].completion_ids])
+        with torch.no_grad():
+            engine_logits = tr.engine(input_ids=ids).logits
+    finally:
+        tr.close()
+    assert set(state) == set(load_hf(model_dir).state_dict())
+    assert all(a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable for a in state.values())
+    fresh = load_hf(model_dir, state)
+    with torch.no_grad():
+        fresh_logits = fresh(input_ids=ids).logits
+        initial_logits = load_hf(model_dir)(input_ids=ids).logits
+    torch.testing.assert_close(fresh_logits, engine_logits, rtol=0, atol=1e-6)
+    assert not torch.allclose(fresh_logits, initial_logits, atol=1e-4)  # the step really changed the weights
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_checkpoint_restores_version_weights_and_optimizer(model_dir, stage, tmp_path):
+    batches = [make_batch(load_hf(model_dir), seed=s) for s in range(3)]
+    first = trainer(model_dir, stage)
+    try:
+        for b in batches[:2]:
+            first.train_step(b, GROUP)
+        first.save_checkpoint(str(tmp_path), {"consumed_groups": 8, "note": "two steps"})
+        saved = first.state_numpy()
+        after_third = first.train_step(batches[2], GROUP)
+        expected = first.state_numpy()
+    finally:
+        first.close()
+
+    resumed = trainer(model_dir, stage)
+    try:
+        assert resumed.version == 0
+        client = resumed.load_checkpoint(str(tmp_path))
+        assert client == {"consumed_groups": 8, "note": "two steps"}
+        assert resumed.version == 2
+        for name, value in resumed.state_numpy().items():
+            np.testing.assert_array_equal(value, saved[name], err_msg=name)
+        m = resumed.train_step(batches[2], GROUP)
+        got = resumed.state_numpy()
+    finally:
+        resumed.close()
+    assert m["version"] == after_third["version"] == 3
+    # the same update as the uninterrupted run only if Adam's moments and step count were restored too
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-6, err_msg=name)
+
+
+def test_load_checkpoint_from_an_empty_directory_fails_loudly(model_dir, tmp_path):
+    tr = trainer(model_dir, 0)
+    try:
+        with pytest.raises(FileNotFoundError, match="no DeepSpeed checkpoint"):
+            tr.load_checkpoint(str(tmp_path))
+    finally:
+        tr.close()
+
+
+def test_kl_to_the_reference_model_grows_as_the_policy_moves(model_dir):
+    batch = make_batch(load_hf(model_dir))
+    tr = trainer(model_dir, 0, kl_coef=0.5)
+    try:
+        kls = [tr.train_step(batch, GROUP)["kl"] for _ in range(3)]
+    finally:
+        tr.close()
+    assert kls[0] == pytest.approx(0.0, abs=1e-7)  # policy == reference before the first update
+    assert 0 < kls[1] < kls[2]
+
+
+def test_malformed_batches_are_rejected(model_dir):
+    batch = make_batch(load_hf(model_dir), n_groups=2)
+    tr = trainer(model_dir, 0)
+    try:
+        unrewarded = [Trajectory(**{**t.as_dict(), "reward": None}) if i == 5 else t for i, t in enumerate(batch)]
+        with pytest.raises(ValueError, match=r"g0-1/1 reached the trainer without a reward"):
+            tr.train_step(unrewarded, GROUP)
+        with pytest.raises(ValueError, match="at most group_size=4"):
+            tr.train_step(batch + batch[:1], GROUP)  # a group with one member too many
+        short = [Trajectory(**{**t.as_dict(), "behaviour_logprobs": t.behaviour_logprobs[:-1]}) for t in batch]
+        with pytest.raises(ValueError, match="behaviour log-probs"):
+            tr.train_step(short, GROUP)
+        assert tr.version == 0  # nothing was trained
+    finally:
+        tr.close()
+
+
+def test_a_group_short_of_a_failed_member_is_normalised_on_its_own():
+    from rlflow.stages.trainer import _advantages
+
+    rows = [Trajectory(group_id=g, index=i, prompt="p", answer="a", prompt_ids=[1], reward=r)
+            for g, i, r in [("a", 0, 1.0), ("a", 1, 0.0), ("a", 2, 0.0), ("b", 0, 1.0), ("b", 1, 0.0)]]
+    rewards, adv = _advantages(rows)
+    assert adv[:3].sum().item() == pytest.approx(0.0, abs=1e-6)
+    assert adv[3].item() == pytest.approx(1.0, abs=1e-4) and adv[4].item() == pytest.approx(-1.0, abs=1e-4)
