@@ -9,12 +9,13 @@ import random
 
 
 def arith(seed: int = 0, count: int = 1024) -> list[dict]:
-    """Sums of 2-4 numbers of 1-3 digits: `12+7+305=` -> `324`. Answer length varies with the operands."""
+    """Sums of two numbers of 1-2 digits: `12+7=` -> `19`. Small enough for a 0.6M-param model to half-learn
+    in a minute of warm start, so RL has signal to improve on."""
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
-        terms = [rng.randint(0, 10 ** rng.randint(1, 3) - 1) for _ in range(rng.randint(2, 4))]
-        rows.append({"prompt": "+".join(map(str, terms)) + "=", "answer": str(sum(terms))})
+        a, b = (rng.randint(0, 10 ** rng.randint(1, 2) - 1) for _ in range(2))
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
     return rows
 
 

@@ -1,0 +1,121 @@
+"""The rollout-engine interface: what the Ray runtime (and the simulator's fake) drive.
+
+One engine instance holds a waiting list and a running set of trajectories. The runtime calls
+`start` to route work here, `step` in a loop to advance generation, `interrupt`/`abort` to take
+work away, `load_weights` to pull a new policy version, and `snapshot` for the coordinator.
+
+Behaviour log-prob convention (the trainer must match it): log-softmax of logits / temperature,
+the distribution actually sampled from, at the sampled token. With top_p == 1 that is exact;
+with top_p < 1 the token is drawn from the nucleus but the recorded log-prob is still that of
+the untruncated tempered distribution. temperature == 0 means greedy; its log-probs are then
+those of the untempered distribution (log-softmax of the raw logits).
+
+Completion ids include the eos token when the trajectory stops on it (with its log-prob); the
+decoded `completion` text does not.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from rlflow.stages.trajectory import Trajectory
+
+FINISH_REASONS = ("stop", "length", "abort", "interrupt")
+
+
+class RolloutEngine(abc.ABC):
+    """A rollout instance: waiting list + running set, advanced by `step`, pulled to new weights."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        instance_id: int = 0,
+        max_running: int = 64,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+    ):
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if max_new_tokens >= max_model_len:
+            raise ValueError(
+                f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt within max_model_len "
+                f"({max_model_len}); raise max_model_len or lower max_new_tokens"
+            )
+        self.model_dir = str(model_dir)
+        self.instance_id = instance_id
+        self.max_running = max_running
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """The weights version this instance generates with now."""
+        return self._version
+
+    @property
+    @abc.abstractmethod
+    def idle(self) -> bool:
+        """True when nothing is running or waiting."""
+
+    @abc.abstractmethod
+    def start(self, traj: Trajectory) -> None:
+        """Route a trajectory here (queued); a non-empty completion_ids is a partial one to resume."""
+
+    @abc.abstractmethod
+    def step(self) -> list[Trajectory]:
+        """Admit waiting work, advance generation one chunk, return the trajectories that finished."""
+
+    @abc.abstractmethod
+    def interrupt(self, traj_id: str) -> Trajectory | None:
+        """Stop a trajectory and return it partial (finish_reason "interrupt"), or None if unknown."""
+
+    @abc.abstractmethod
+    def abort(self, traj_id: str) -> bool:
+        """Drop a trajectory and free its slot; False if it was not here."""
+
+    @abc.abstractmethod
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Pull new weights (name -> numpy array) in place; later tokens come from `version`."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> dict:
+        """The coordinator's view: instance, version, kv_cache, run_trajs, wait_trajs, complete_trajs, max_running."""
+
+    def check_fits(self, traj: Trajectory) -> None:
+        """Raise ValueError unless the prompt plus max_new_tokens fits in max_model_len."""
+        if not traj.prompt_ids:
+            raise ValueError(f"trajectory {traj.traj_id} has no prompt_ids; tokenize the prompt before routing it")
+        need = len(traj.prompt_ids) + self.max_new_tokens
+        if need > self.max_model_len:
+            raise ValueError(
+                f"trajectory {traj.traj_id}: prompt of {len(traj.prompt_ids)} tokens + max_new_tokens "
+                f"{self.max_new_tokens} = {need} exceeds max_model_len {self.max_model_len}; shorten the prompt, "
+                f"lower max_new_tokens or raise max_model_len"
+            )
+
+    def begin_segment(self, traj: Trajectory) -> None:
+        """Stamp versions on a trajectory about to generate: V_traj on a fresh one, versions_seen always."""
+        if not traj.completion_ids:
+            traj.version = self._version
+            traj.versions_seen = []
+        else:
+            traj.version = min(traj.version, self._version)  # V_traj is the oldest version that produced a token
+        if not traj.versions_seen or traj.versions_seen[-1] != self._version:
+            traj.versions_seen.append(self._version)

@@ -1,0 +1,258 @@
+"""`builtin:tiny-llama`: a small Llama built and warm-started locally on a built-in task, then cached.
+
+The result is a plain Hugging Face directory (LlamaForCausalLM, safetensors, fast tokenizer) that
+transformers and vLLM load. Head dim 64 because vLLM's CPU attention accepts only some head sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+BUILD_FORMAT = 2  # bump when the recipe changes in a way the settings below do not capture
+SFT_SEED_OFFSET = 1_000_003  # warm-start rows come from their own stream, not the RL prompts (task seed 0..)
+EVAL_SEED_OFFSET = 2_000_003  # held-out prompts for the accuracy report
+
+
+@dataclass(frozen=True)
+class TinyLlamaSettings:
+    """Everything that shapes the built model; its hash is part of the cache key."""
+
+    vocab_size: int = 384
+    hidden_size: int = 128  # small on purpose: on 2 CPU cores a smaller model learns more per second of warm start
+    num_layers: int = 2
+    num_heads: int = 2  # head_dim 64: vLLM CPU attention accepts 32, 64, 80, ... only
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    sft_steps: int = 300
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    max_new_tokens: int = 8  # for the accuracy report
+    eval_prompts: int = 256
+    build_format: int = BUILD_FORMAT
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+# Per-task warm starts, sized so the build stays within about a minute on 2 shared CPU cores.
+# Other built-in tasks (registry.TASKS) get the default settings.
+TASK_SETTINGS = {
+    "arith": TinyLlamaSettings(sft_steps=500, max_new_tokens=8),
+    "repeat": TinyLlamaSettings(sft_steps=110, max_new_tokens=48),
+}
+DEFAULT_SETTINGS = TinyLlamaSettings(sft_steps=300, max_new_tokens=48)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where built models live: cache_dir, else $RLFLOW_CACHE/models, else ~/.cache/rlflow/models."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get("RLFLOW_CACHE"):
+        return Path(os.environ["RLFLOW_CACHE"]) / "models"
+    return Path.home() / ".cache" / "rlflow" / "models"
+
+
+def _resolve(task: str, sft_steps: int | None) -> tuple[str, TinyLlamaSettings]:
+    """Task name without `builtin:` and its build settings."""
+    from rlflow.registry import TASKS
+
+    task = task.removeprefix("builtin:")
+    if f"builtin:{task}" not in TASKS:
+        names = ", ".join(sorted(name.removeprefix("builtin:") for name in TASKS))
+        raise ValueError(f"unknown task '{task}' for builtin:tiny-llama; use one of: {names}")
+    settings = TASK_SETTINGS.get(task, DEFAULT_SETTINGS)
+    return task, settings if sft_steps is None else replace(settings, sft_steps=sft_steps)
+
+
+def task_rows(task: str, seed: int, count: int) -> list[dict]:
+    """Rows {"prompt", "answer"} of a built-in task."""
+    from rlflow.registry import resolve
+
+    return resolve("task", f"builtin:{task}")(seed, count)
+
+
+def model_dir(task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None) -> Path:
+    """The cache directory a build with these arguments lives in (built or not).
+
+    The key covers the build settings and a fingerprint of the task's rows, so changing a task's
+    generator never reuses a model warm-started on the old data.
+    """
+    task, settings = _resolve(task, sft_steps)
+    rows = json.dumps(task_rows(task, seed, 64), sort_keys=True).encode()
+    key = hashlib.sha256(settings.key().encode() + rows).hexdigest()[:10]
+    return cache_root(cache_dir) / f"tiny-llama-{task}-seed{seed}-{key}"
+
+
+def build_tiny_llama(
+    task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None, progress=print
+) -> Path:
+    """Return the directory of a tiny Llama warm-started on `task`; build it (about a minute) on a cache miss."""
+    task, settings = _resolve(task, sft_steps)
+    final = model_dir(task, cache_dir=cache_dir, seed=seed, sft_steps=sft_steps)
+    if (final / "config.json").exists():
+        return final
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{final.name}-", dir=root))
+    try:
+        _build(tmp, task, seed, settings, progress)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is for every process of the user and others
+        try:
+            os.rename(tmp, final)  # atomic: readers see no model or a whole one
+        except OSError:
+            if not (final / "config.json").exists():
+                raise
+            progress(f"tiny-llama[{task}]: another process built {final} first; using it")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progress) -> None:
+    """Train tokenizer, init, warm-start, evaluate and save into `out`."""
+    import torch
+
+    from rlflow.stages.tokenizer import train_tokenizer
+
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # PLATFORM-NOTES: one thread per process on shared CPU cores
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            progress(f"tiny-llama[{task}]: training a BPE tokenizer (vocab {settings.vocab_size})")
+            tokenizer = train_tokenizer(settings.vocab_size, seed=seed)
+            model = _init_model(tokenizer, settings)
+            params = sum(p.numel() for p in model.parameters()) / 1e6
+            progress(f"tiny-llama[{task}]: {params:.2f}M params; warm start {settings.sft_steps} steps")
+            rows = task_rows(task, SFT_SEED_OFFSET + seed, settings.sft_steps * settings.batch_size)
+            loss = _warm_start(model, tokenizer, rows, settings, progress, task)
+            held_out = task_rows(task, EVAL_SEED_OFFSET + seed, settings.eval_prompts)
+            greedy = accuracy(model, tokenizer, held_out, settings.max_new_tokens, temperature=0.0)
+            sampled = accuracy(model, tokenizer, held_out, settings.max_new_tokens, temperature=1.0)
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.perf_counter() - started
+    progress(
+        f"tiny-llama[{task}]: exact match on {len(held_out)} held-out prompts: greedy {greedy:.1%}, "
+        f"sampled(T=1) {sampled:.1%}; built in {seconds:.0f} s"
+    )
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar between the progress lines
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out / "tokenizer_config.json")
+    report = {"task": task, "seed": seed, "settings": asdict(settings), "final_loss": loss, "accuracy_greedy": greedy,
+              "accuracy_sampled": sampled, "eval_prompts": len(held_out), "build_seconds": round(seconds, 1)}
+    (out / "rlflow_build.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the class PreTrainedTokenizerFast (transformers 4 and 5, hence vLLM) rather than 5's TokenizersBackend."""
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _init_model(tokenizer, settings: TinyLlamaSettings):
+    """A randomly initialised LlamaForCausalLM (untied embeddings) sized by the settings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=settings.hidden_size,
+        intermediate_size=settings.intermediate_size,
+        num_hidden_layers=settings.num_layers,
+        num_attention_heads=settings.num_heads,
+        num_key_value_heads=settings.num_heads,
+        head_dim=settings.hidden_size // settings.num_heads,
+        max_position_embeddings=settings.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def encode_row(tokenizer, row: dict) -> tuple[list[int], list[int]]:
+    """(prompt ids with <s>, answer ids with </s>): the token layout the rollout engines produce."""
+    prompt = tokenizer(row["prompt"])["input_ids"]
+    answer = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt, answer
+
+
+def _warm_start(model, tokenizer, rows: list[dict], settings: TinyLlamaSettings, progress, task: str) -> float:
+    """Supervised steps on prompt+answer+eos, loss on answer tokens; warmup then cosine to 10%."""
+    import torch
+
+    examples = [encode_row(tokenizer, r) for r in rows]
+    random.Random(0).shuffle(examples)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
+    started, loss = time.perf_counter(), float("nan")
+    for step in range(settings.sft_steps):
+        batch = examples[step * settings.batch_size : (step + 1) * settings.batch_size]
+        ids, mask, labels = _collate(batch, tokenizer.pad_token_id)
+        decay = 0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, settings.sft_steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr * min(1.0, (step + 1) / settings.warmup_steps) * decay
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = out.loss.item()
+        if (step + 1) % 50 == 0 or step + 1 == settings.sft_steps:
+            progress(f"tiny-llama[{task}]: step {step + 1}/{settings.sft_steps} loss {loss:.3f} ({time.perf_counter() - started:.0f} s)")
+    model.eval()
+    return loss
+
+
+def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-padded input ids, attention mask and labels (-100 outside the answer)."""
+    import torch
+
+    width = max(len(p) + len(a) for p, a in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for i, (prompt, answer) in enumerate(batch):
+        n = len(prompt) + len(answer)
+        ids[i, :n] = torch.tensor(prompt + answer)
+        mask[i, :n] = 1
+        labels[i, len(prompt) : n] = torch.tensor(answer)
+    return ids, mask, labels
+
+
+def accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, *, temperature: float, seed: int = 0) -> float:
+    """Exact-match rate of completions sampled at `temperature` (0 = greedy), batched with left padding."""
+    import torch
+
+    from rlflow.stages.rewards import exact_match
+
+    prompts = [encode_row(tokenizer, r)[0] for r in rows]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return sum(exact_match(t, r["answer"]) for t, r in zip(texts, rows)) / len(rows)

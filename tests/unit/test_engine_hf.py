@@ -1,0 +1,264 @@
+"""HFEngine on the real tiny model: log-probs, batching, interrupt/resume, abort, weight pulls, snapshot."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import numpy as np  # noqa: E402
+
+from rlflow.stages import tasks  # noqa: E402
+from rlflow.stages.engine import RolloutEngine  # noqa: E402
+from rlflow.stages.engine_hf import HFEngine, sample  # noqa: E402
+from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
+from rlflow.stages.trajectory import Trajectory  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """PLATFORM-NOTES: one torch thread per process; two threads on shared cores run about 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    """The default warm-started repeat model (shared cache: built once per machine)."""
+    return build_tiny_llama("repeat", progress=lambda line: None)
+
+
+def trajectories(tokenizer, rows: list[dict], group: str = "g") -> list[Trajectory]:
+    return [
+        Trajectory(group_id=f"{group}{i}", index=0, prompt=r["prompt"], answer=r["answer"], prompt_ids=tokenizer(r["prompt"])["input_ids"])
+        for i, r in enumerate(rows)
+    ]
+
+
+def mixed_rows(n: int = 12) -> list[dict]:
+    """Prompts of 5 to 17 tokens: repeat prompts and (longer) sums."""
+    return [row for pair in zip(tasks.repeat(21, n // 2), tasks.arith(21, n // 2)) for row in pair]
+
+
+def run_to_idle(engine: HFEngine, limit: int = 200) -> list[Trajectory]:
+    done: list[Trajectory] = []
+    for _ in range(limit):
+        if engine.idle:
+            return done
+        done.extend(engine.step())
+    raise AssertionError("engine did not go idle")
+
+
+def reference_logprobs(model, traj: Trajectory, temperature: float) -> list[float]:
+    """log-softmax(logits / T) at each completion token, from one unbatched forward pass."""
+    ids = torch.tensor([traj.prompt_ids + traj.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    start = len(traj.prompt_ids) - 1
+    return [logp[start + j, token].item() for j, token in enumerate(traj.completion_ids)]
+
+
+def perturbed_state(model, seed: int = 7) -> dict[str, np.ndarray]:
+    """A different policy: every weight plus seeded noise, as read-only numpy arrays (like zero-copy Ray gets)."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        array = (tensor + 0.05 * torch.randn(tensor.shape, generator=gen)).numpy()
+        array.flags.writeable = False
+        state[name] = array
+    return state
+
+
+def test_is_a_rollout_engine(model_dir):
+    engine = HFEngine(model_dir, instance_id=3)
+    assert isinstance(engine, RolloutEngine)
+    assert engine.version == 0 and engine.idle
+    assert engine.snapshot() == {"instance": 3, "version": 0, "kv_cache": 0, "run_trajs": [], "wait_trajs": [],
+                                 "complete_trajs": 0, "max_running": 64}
+
+
+def test_behaviour_logprobs_match_a_fresh_forward_pass(model_dir):
+    engine = HFEngine(model_dir, max_running=5, chunk_size=3, max_new_tokens=24, temperature=0.7, seed=1)
+    batch = trajectories(engine.tokenizer, mixed_rows(12))
+    assert len({len(t.prompt_ids) for t in batch}) >= 4
+    for traj in batch:
+        engine.start(traj)
+    done = run_to_idle(engine)
+    assert sorted(t.traj_id for t in done) == sorted(t.traj_id for t in batch)
+    eos = engine.tokenizer.eos_token_id
+    for traj in done:
+        assert traj.finish_reason in ("stop", "length") and traj.instance == 0
+        assert len(traj.behaviour_logprobs) == len(traj.completion_ids) > 0
+        assert (traj.finish_reason == "stop") == (traj.completion_ids[-1] == eos)
+        assert eos not in traj.completion_ids[:-1]
+        assert traj.finish_reason == "stop" or len(traj.completion_ids) == 24
+        assert traj.completion == engine.tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+        assert traj.version == 0 and traj.versions_seen == [0]
+        np.testing.assert_allclose(traj.behaviour_logprobs, reference_logprobs(engine.model, traj, 0.7), atol=1e-4)
+
+
+def test_batched_generation_equals_single_under_greedy(model_dir):
+    rows = mixed_rows(10)
+    batched = HFEngine(model_dir, max_running=6, chunk_size=4, max_new_tokens=20, temperature=0.0)
+    single = HFEngine(model_dir, max_running=1, chunk_size=4, max_new_tokens=20, temperature=0.0)
+    for traj in trajectories(batched.tokenizer, rows):
+        batched.start(traj)
+    together = {t.traj_id: t for t in run_to_idle(batched)}
+    for traj in trajectories(single.tokenizer, rows):
+        single.start(traj)
+        (alone,) = run_to_idle(single)
+        assert alone.completion_ids == together[alone.traj_id].completion_ids
+        np.testing.assert_allclose(alone.behaviour_logprobs, together[alone.traj_id].behaviour_logprobs, atol=1e-4)
+    assert any(len(t.completion_ids) > 4 for t in together.values())  # rows spanned more than one chunk
+
+
+def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(model_dir):
+    first = HFEngine(model_dir, instance_id=0, chunk_size=2, max_new_tokens=40, temperature=1.0, seed=5)
+    batch = trajectories(first.tokenizer, [{"prompt": f"{w}*9=", "answer": " ".join([w] * 9)} for w in ("abc", "fed", "ghi", "jab")])
+    for traj in batch:
+        first.start(traj)
+    first.step()
+    running = first.snapshot()["run_trajs"]
+    assert running, "every trajectory finished within one chunk of 2 tokens"
+    partial = first.interrupt(running[0])
+    assert partial.finish_reason == "interrupt" and partial.instance == 0
+    assert len(partial.completion_ids) == 2 == len(partial.behaviour_logprobs)
+    assert partial.traj_id not in first.snapshot()["run_trajs"]
+    assert first.interrupt(partial.traj_id) is None and first.interrupt("nope/0") is None
+    head = list(partial.completion_ids)
+
+    second = HFEngine(model_dir, instance_id=1, chunk_size=4, max_new_tokens=40, temperature=1.0, seed=6)
+    second.load_weights({k: v.numpy() for k, v in first.model.state_dict().items()}, version=3)
+    second.start(partial)
+    assert partial.finish_reason == ""
+    (resumed,) = run_to_idle(second)
+    assert resumed is partial and resumed.instance == 1 and resumed.finish_reason in ("stop", "length")
+    assert resumed.completion_ids[:2] == head and len(resumed.completion_ids) > 2
+    assert resumed.version == 0 and resumed.versions_seen == [0, 3]
+    np.testing.assert_allclose(resumed.behaviour_logprobs, reference_logprobs(second.model, resumed, 1.0), atol=1e-4)
+
+
+def test_interrupting_a_waiting_trajectory_returns_it_untouched(model_dir):
+    engine = HFEngine(model_dir, max_running=1)
+    a, b = trajectories(engine.tokenizer, mixed_rows(2))
+    engine.start(a)
+    engine.start(b)
+    assert engine.snapshot()["wait_trajs"] == [a.traj_id, b.traj_id]
+    taken = engine.interrupt(b.traj_id)
+    assert taken is b and b.completion_ids == [] and b.finish_reason == "interrupt"
+    assert engine.snapshot()["wait_trajs"] == [a.traj_id]
+
+
+def test_abort_frees_the_slot(model_dir):
+    engine = HFEngine(model_dir, max_running=2, chunk_size=1, max_new_tokens=30)
+    a, b, c = trajectories(engine.tokenizer, [{"prompt": f"{w}*9=", "answer": ""} for w in ("abc", "def", "ghi")])
+    for traj in (a, b, c):
+        engine.start(traj)
+    engine.step()
+    snap = engine.snapshot()
+    live = snap["run_trajs"]
+    assert len(live) + snap["complete_trajs"] == 2 and snap["wait_trajs"] == [c.traj_id]
+    assert live, "both admitted trajectories stopped after one token (seeded: should not happen)"
+    assert engine.abort(live[0]) is True
+    assert live[0] not in engine.snapshot()["run_trajs"]
+    assert engine.abort(live[0]) is False and engine.abort("nope/0") is False
+    engine.step()  # the freed slot admits the waiting trajectory
+    snap = engine.snapshot()
+    assert snap["wait_trajs"] == [] and len(c.completion_ids) == 1 and len(snap["run_trajs"]) <= 2
+    done = run_to_idle(engine)
+    assert live[0] not in {t.traj_id for t in done}
+    assert engine.snapshot()["complete_trajs"] == 2
+
+
+def test_load_weights_switches_the_policy_and_records_the_version(model_dir):
+    engine = HFEngine(model_dir, chunk_size=3, max_new_tokens=24, temperature=1.0, seed=2)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    state = perturbed_state(reference)
+
+    in_flight = trajectories(engine.tokenizer, [{"prompt": f"{w}*12=", "answer": ""} for w in ("abc", "hij")], group="f")
+    for traj in in_flight:
+        engine.start(traj)
+    engine.step()
+    before = {t.traj_id: len(t.completion_ids) for t in in_flight}
+    old_logprobs = {t.traj_id: list(t.behaviour_logprobs) for t in in_flight}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read-only arrays must copy without a warning
+        engine.load_weights(state, version=1)
+    assert engine.version == 1 and engine.snapshot()["version"] == 1
+
+    fresh = trajectories(engine.tokenizer, mixed_rows(6), group="n")
+    for traj in fresh:
+        engine.start(traj)
+    run_to_idle(engine)
+
+    old_model = reference
+    new_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    new_model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+    for traj in fresh:
+        assert traj.version == 1 and traj.versions_seen == [1]
+        np.testing.assert_allclose(traj.behaviour_logprobs, reference_logprobs(new_model, traj, 1.0), atol=1e-4)
+        stale = reference_logprobs(old_model, traj, 1.0)
+        assert max(abs(a - b) for a, b in zip(stale, traj.behaviour_logprobs)) > 1e-2
+    for traj in in_flight:
+        k = before[traj.traj_id]
+        assert traj.behaviour_logprobs[:k] == old_logprobs[traj.traj_id]
+        if len(traj.completion_ids) > k:  # it continued under the new weights
+            assert traj.version == 0 and traj.versions_seen == [0, 1]
+            np.testing.assert_allclose(traj.behaviour_logprobs[k:], reference_logprobs(new_model, traj, 1.0)[k:], atol=1e-4)
+        np.testing.assert_allclose(traj.behaviour_logprobs[:k], reference_logprobs(old_model, traj, 1.0)[:k], atol=1e-4)
+
+
+def test_load_weights_rejects_unknown_names_and_wrong_shapes(model_dir):
+    engine = HFEngine(model_dir)
+    with pytest.raises(KeyError, match="not in the model"):
+        engine.load_weights({"model.nope.weight": np.zeros(3, dtype=np.float32)}, version=1)
+    with pytest.raises(ValueError, match="shape"):
+        engine.load_weights({"lm_head.weight": np.zeros((3, 3), dtype=np.float32)}, version=1)
+    assert engine.version == 0
+
+
+def test_max_model_len_violation_is_a_clear_error(model_dir):
+    engine = HFEngine(model_dir, max_model_len=32, max_new_tokens=24)
+    (long,) = trajectories(engine.tokenizer, [{"prompt": "123+456+789+12=", "answer": "1380"}])
+    with pytest.raises(ValueError, match=r"prompt of \d+ tokens \+ max_new_tokens 24 = \d+ exceeds max_model_len 32"):
+        engine.start(long)
+    assert engine.idle
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        HFEngine(model_dir, max_model_len=100_000)
+    with pytest.raises(ValueError, match="no prompt_ids"):
+        engine.start(Trajectory(group_id="e", index=0, prompt="", answer="", prompt_ids=[]))
+
+
+def test_snapshot_stays_consistent_while_running(model_dir):
+    engine = HFEngine(model_dir, instance_id=2, max_running=4, chunk_size=2, max_new_tokens=16)
+    batch = trajectories(engine.tokenizer, mixed_rows(10))
+    by_id = {t.traj_id: t for t in batch}
+    for traj in batch:
+        engine.start(traj)
+    with pytest.raises(ValueError, match="already on instance 2"):
+        engine.start(batch[0])
+    finished = 0
+    while not engine.idle:
+        finished += len(engine.step())
+        snap = engine.snapshot()
+        assert snap["instance"] == 2 and snap["max_running"] == 4 and snap["complete_trajs"] == finished
+        assert len(snap["run_trajs"]) <= 4 and not set(snap["run_trajs"]) & set(snap["wait_trajs"])
+        assert snap["kv_cache"] == sum(len(by_id[i].prompt_ids) + len(by_id[i].completion_ids) for i in snap["run_trajs"])
+        assert len(snap["run_trajs"]) + len(snap["wait_trajs"]) + finished == len(batch)
+    assert finished == len(batch) and engine.snapshot()["kv_cache"] == 0
+
+
+def test_top_p_samples_inside_the_nucleus_but_records_untruncated_logprobs():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 400))
+    gen = torch.Generator().manual_seed(0)
+    tokens, logprobs = sample(logits, temperature=1.0, top_p=0.7, generator=gen)
+    assert set(tokens.tolist()) == {0, 1}
+    np.testing.assert_allclose(logprobs.numpy(), np.log(np.array([0.5, 0.3]))[tokens.numpy()], rtol=1e-5)
+    greedy, greedy_logprobs = sample(logits[:2], temperature=0.0, top_p=1.0, generator=gen)
+    assert greedy.tolist() == [0, 0] and np.allclose(greedy_logprobs.numpy(), np.log(0.5))
