@@ -13,13 +13,6 @@ from rlflow.stages import tasks  # noqa: E402
 from rlflow.stages.tiny_model import EVAL_SEED_OFFSET, accuracy, build_tiny_llama, encode_row, model_dir  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """PLATFORM-NOTES: one torch thread per process; two threads on shared cores run about 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,6 @@ VOCAB, GROUP, REWARDED = 64, 4, 7  # reward 1 when token 7 appears in the comple
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0, max_importance_ratio=5.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # PLATFORM-NOTES: more threads on shared cores make steps far slower
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,122 @@
+"""MLflow for `rlflow run`: one run, params from the plan, metrics in batches, plots as artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
+        key = f"{prefix}{k}"
+        if isinstance(v, (dict, list)) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    """Thin wrapper so the driver logs through one object; metrics are buffered and sent with log_batch."""
+
+    def __init__(self, plan: dict, run_id: str | None = None):
+        import mlflow
+
+        self.mlflow = mlflow
+        spec = plan["pipeline"]["tracking"]["mlflow"]
+        uri = spec["uri"] or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+        mlflow.set_tracking_uri(uri)
+        self.uri = uri
+        mlflow.set_experiment(spec["experiment"] or plan["name"])
+        run = mlflow.start_run(run_id=run_id, run_name=spec["run_name"]) if run_id else mlflow.start_run(run_name=spec["run_name"])
+        self.run_id = run.info.run_id
+        self.client = mlflow.tracking.MlflowClient()
+        self._pending = []
+        if run_id is None:
+            params = {k: str(v)[:500] for k, v in _flatten(plan["pipeline"]).items()}
+            params["control.staleness"] = json.dumps(plan["control"]["staleness"])
+            items = list(params.items())
+            for i in range(0, len(items), 100):
+                mlflow.log_params(dict(items[i:i + 100]))
+            self.log_json("plan.json", plan)
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        from mlflow.entities import Metric
+        import time
+
+        now = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if v is None or isinstance(v, (str, bool)):
+                continue
+            self._pending.append(Metric(k, float(v), now, step))
+        if len(self._pending) >= 200:
+            self.flush()
+
+    def flush(self) -> None:
+        for i in range(0, len(self._pending), 1000):
+            self.client.log_batch(self.run_id, metrics=self._pending[i:i + 1000])
+        self._pending = []
+
+    def log_json(self, name: str, obj) -> None:
+        self.mlflow.log_dict(obj, name)
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.mlflow.log_artifact(str(path), artifact_path)
+
+    def log_figures(self, history: list[dict], staleness: list[int], timeline: list[tuple], eta: int | None,
+                    predicted: float | None) -> None:
+        """Staleness distribution, per-instance load timeline and learning curves as PNGs."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        with tempfile.TemporaryDirectory() as tmp:
+            fig, ax = plt.subplots(figsize=(5, 3.2))
+            top = max(staleness, default=0)
+            ax.hist(staleness, bins=[x - 0.5 for x in range(top + 2)], rwidth=0.8)
+            if eta is not None:
+                ax.axvline(eta + 0.5, color="r", ls="--", label=f"bound eta={eta}")
+            mean = sum(staleness) / len(staleness) if staleness else 0
+            ax.axvline(mean, color="k", label=f"measured mean {mean:.2f}")
+            if predicted is not None:
+                ax.axvline(predicted, color="g", ls=":", label=f"predicted {predicted:.2f}")
+            ax.set_xlabel("staleness (steps)")
+            ax.set_ylabel("groups trained")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(f"{tmp}/staleness.png", dpi=110)
+            plt.close(fig)
+
+            fig, ax = plt.subplots(figsize=(6, 3.2))
+            for inst in sorted({i for _, i, _ in timeline}):
+                pts = [(t, n) for t, i, n in timeline if i == inst]
+                ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=f"instance {inst}")
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("running trajectories")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(f"{tmp}/instance_load.png", dpi=110)
+            plt.close(fig)
+
+            fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+            steps = [h["step"] for h in history]
+            axes[0].plot(steps, [h["reward_all_mean"] for h in history], label="all rollouts")
+            axes[0].plot(steps, [h["reward_mean"] for h in history], label="trained (after filter)", alpha=0.6)
+            axes[0].set_xlabel("step")
+            axes[0].set_ylabel("mean reward")
+            axes[0].legend(fontsize=7)
+            axes[1].plot(steps, [h["loss"] for h in history])
+            axes[1].set_xlabel("step")
+            axes[1].set_ylabel("loss")
+            fig.tight_layout()
+            fig.savefig(f"{tmp}/learning_curves.png", dpi=110)
+            plt.close(fig)
+            self.mlflow.log_artifacts(tmp, "plots")
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.flush()
+        self.mlflow.end_run(status=status)
