@@ -451,6 +451,9 @@ class Run:
             self.tracker.end(status)
             ray.get(self.trajectory_server.close.remote())  # ticks return at once: the pump sees _done
             self.stream_thread.join(timeout=30)
+            # end the actors this run started, by handle (a shared cluster outlives the run)
+            for handle in [i.handle for i in self.instances] + [self.trainer, self.trajectory_server, self.parameter_server]:
+                ray.kill(handle)
 
     def summary(self) -> dict:
         h = self.history

@@ -8,7 +8,10 @@ from pathlib import Path
 
 MODES = ("slots", "cost_model")
 LENGTH_KINDS = ("fixed", "lognormal", "file")
-WEIGHT_SYNC = ("global", "per_instance")
+WEIGHT_SYNC = ("global", "per_instance", "greedy", "throughput_aware")
+ROUTING = ("least_loaded", "cost_model")
+MIGRATION = ("none", "threshold", "repack")
+DISPATCH = ("none", "skew_aware")
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
 
 
@@ -120,6 +123,18 @@ class SimConfig:
     batch_redundancy: int = 0  # extra groups admitted per batch (staleflow)
     weight_sync: str = "global"  # "global" | "per_instance" (cost_model mode)
     partial_rollout: bool = True  # global sync: True pulls mid-flight (V_traj kept); False drains all, then pulls
+    # rollout coordination (StaleFlow Algorithm 1); defaults keep the event-driven least-loaded fleet
+    coordinator: bool = False  # True: a snapshot -> command cycle every coordinator_interval_s drives routing
+    routing: str = "least_loaded"  # "least_loaded" | "cost_model" (StaleFlow waterfall)
+    migration: str = "none"  # "none" | "threshold" (phi_wait / phi_throughput) | "repack" (Laminar)
+    dispatch: str = "none"  # "none" | "skew_aware" (StreamRL Algorithm 2)
+    ranker: str = "oracle"  # skew_aware: "oracle" (true lengths) | "noisy" (oracle * lognormal noise, ranker_noise)
+    ranker_noise: float = 0.5  # sigma of the noisy ranker's multiplicative error
+    long_tail_fraction: float = 0.2  # skew_aware: alpha
+    coordinator_interval_s: float = 0.5  # seconds between snapshots
+    mu: float = 0.3  # waterfall threshold (StaleFlow §6.1)
+    phi_wait: int = 3
+    phi_throughput: float = 5.0
     trainer: TrainerModel = field(default_factory=lambda: TrainerModel(t_step=1.0))
     steps: int = 100  # train steps to simulate
     warmup_steps: int = 10  # steps excluded from steady-state statistics
@@ -133,6 +148,15 @@ class SimConfig:
             errors.append(f"mode: unknown {self.mode!r}; use one of {MODES}")
         if self.weight_sync not in WEIGHT_SYNC:
             errors.append(f"weight_sync: unknown {self.weight_sync!r}; use one of {WEIGHT_SYNC}")
+        for name, table in (("routing", ROUTING), ("migration", MIGRATION), ("dispatch", DISPATCH)):
+            if getattr(self, name) not in table:
+                errors.append(f"{name}: unknown {getattr(self, name)!r}; use one of {table}")
+        if self.ranker not in ("oracle", "noisy"):
+            errors.append(f"ranker: the simulator has no prompt text; use 'oracle' or 'noisy', got {self.ranker!r}")
+        if self.coordinated and self.mode != "cost_model":
+            errors.append("coordinator: routing / migration / dispatch strategies and greedy / throughput_aware sync need mode 'cost_model'")
+        if self.coordinator_interval_s <= 0:
+            errors.append(f"coordinator_interval_s: must be > 0, got {self.coordinator_interval_s}")
         if self.mode == "slots" and self.weight_sync != "global":
             errors.append("weight_sync: slots mode models the closed form's instant in-flight sync; use 'global'")
         if self.mode == "cost_model" and self.profile is None:
@@ -154,6 +178,12 @@ class SimConfig:
                 errors.append(f"lengths.cap: prompt + cap = {longest} tokens exceeds the KV budget ({self.profile.kv_tokens:.0f} tokens)")
         if errors:
             raise SimConfigError("; ".join(errors))
+
+    @property
+    def coordinated(self) -> bool:
+        """Is the rollout driven by the coordinator's cycle (any non-default coordination choice)?"""
+        return (self.coordinator or self.routing != "least_loaded" or self.migration != "none"
+                or self.dispatch != "none" or self.weight_sync in ("greedy", "throughput_aware"))
 
     @property
     def batch_samples(self) -> int:

@@ -49,6 +49,8 @@ class Instance:
         self._acct_t = 0.0
         self.prefill_tokens = 0.0
         self.preemptions = 0
+        self.completed = 0  # completed since the last pull (the snapshot's complete_trajs)
+        self.kv_prev: float | None = None  # KV units at the previous snapshot
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -129,6 +131,7 @@ class Instance:
             _, _, sample = heapq.heappop(heap)
             if self.running.get(id(sample)) is sample:
                 self._remove(sample)
+                self.completed += 1
                 sim.sample_done(sample)
         if self.kv_tokens() >= self.p.kv_tokens - 1e-6:
             self._preempt()
@@ -170,9 +173,30 @@ class Instance:
         """Load weights `version`; running work keeps its V_traj and its KV cache is recomputed."""
         self.advance(self.sim.now)
         self.version = version
+        self.completed = 0
         held = self.kv_tokens()
         self.stall(self.p.pull_s + self.p.prefill_s_per_token * held)
         self.prefill_tokens += held
+
+    def enqueue(self, sample: Sample) -> None:
+        """A routed sample: runs now if it fits and nothing waits, else joins the waiting queue's tail."""
+        self.advance(self.sim.now)
+        fits = self.kv_tokens() + sample.prompt + sample.generated <= self._limit
+        if not self.waiting and len(self.running) < self.p.max_running and (fits or not self.running):
+            self.admit(sample)
+        else:
+            sample.where = self
+            self.waiting.append(sample)
+
+    def interrupt(self, sample: Sample) -> None:
+        """Stop a sample held here and keep what it generated (partial rollout; it resumes elsewhere)."""
+        self.advance(self.sim.now)
+        if self.running.get(id(sample)) is sample:
+            sample.generated += self.progress - sample.join
+            self._remove(sample)
+        else:
+            self.waiting.remove(sample)
+            sample.where = None
 
     def abort(self, sample: Sample) -> None:
         """Drop a sample held here (running or waiting)."""

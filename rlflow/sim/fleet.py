@@ -12,7 +12,13 @@ Sync rules (one line each, as the simulator applies them):
 from __future__ import annotations
 
 import heapq
+import random
 
+from rlflow.operators.commands import Interrupt, Pull, Route
+from rlflow.operators.coordinator import CoordinationConfig, Coordinator
+from rlflow.operators.dispatch import percentile, skew_aware_dispatch
+from rlflow.operators.routing import CostModel
+from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
 from rlflow.sim.config import CostProfile
 from rlflow.sim.engine import Instance
 from rlflow.sim.trajectories import Group
@@ -116,3 +122,133 @@ class Fleet:
     @property
     def preemptions(self) -> int:
         return sum(inst.preemptions for inst in self.instances)
+
+
+class CoordinatedFleet(Fleet):
+    """Cost-model instances driven by the rollout coordinator (rlflow.operators.coordinator, Algorithm 1).
+
+    Every coordinator_interval_s the fleet takes a snapshot, runs one cycle, and executes the commands at
+    once (so every snapshot validates; a rejected one is counted in `rejected`). Initial groups wait in
+    the TS unreserved; the first member routed reserves the group at its instance's version.
+    """
+
+    def __init__(self, sim, n: int, profile: CostProfile, prompt_tokens: int, cfg):
+        super().__init__(sim, n, profile, prompt_tokens, cfg.weight_sync, cfg.partial_rollout)
+        sync = {"global": "global", "per_instance": "per_instance", "greedy": "greedy",
+                "throughput_aware": "throughput_aware"}[cfg.weight_sync]
+        self.coord = Coordinator(n, CoordinationConfig(routing=cfg.routing, sync=sync, migration=cfg.migration,
+                                                       partial_rollout=cfg.partial_rollout, mu=cfg.mu,
+                                                       phi_wait=cfg.phi_wait, phi_throughput=cfg.phi_throughput),
+                                 cost=CostModel.from_profile(profile))
+        self.cfg = cfg
+        self.ts = sim.ts
+        self.interrupts = 0
+        self._long: set[int] = set()  # ids of samples dispatched as long-tail
+        self._n_long = 0
+        self._recent: list[int] = []  # recent completed lengths (dispatch's distribution D)
+        self._rng = random.Random(cfg.seed)
+        sim.schedule(0.0, self._on_cycle, None)
+
+    def wake(self) -> None:
+        """Between cycles instances only replan (completions, preemptions); routing waits for the cycle."""
+        for inst in self._dirty.values():
+            inst.plan()
+        self._dirty.clear()
+
+    def publish(self, version: int) -> None:
+        """The PS has a new version; the next cycle's synchronization strategy decides who pulls."""
+
+    def _on_cycle(self, _) -> None:
+        sim = self.sim
+        if sim._stop:
+            return
+        self._top_up()
+        snap = Snapshot([self._inst_snapshot(inst) for inst in self.instances], self.ts.trajs(), sim.weights)
+        lanes = self._lanes() if self.cfg.dispatch == "skew_aware" else None
+        cmds = self.coord.cycle(snap, sim._verify, self._reserve, lanes)
+        for inst in self.instances:
+            inst.kv_prev = inst.p.k5 * inst.kv_tokens()
+        for cmd in cmds or []:
+            self._execute(cmd)
+        self.wake()
+        sim.schedule(sim.now + self.cfg.coordinator_interval_s, self._on_cycle, None)
+
+    def _inst_snapshot(self, inst: Instance) -> InstanceSnapshot:
+        return InstanceSnapshot(inst.idx, inst.p.k5 * inst.kv_tokens(), list(inst.running.values()),
+                                list(inst.waiting), inst.completed, inst.version, inst.kv_prev)
+
+    def _top_up(self) -> None:
+        """Keep one batch of initial groups (B x S trajectories) in the TS (§5.1: the TS samples ahead)."""
+        sim = self.sim
+        new = []
+        while len(self.ts.initial) < sim.cfg.batch_groups:
+            gid = next(sim._gids)
+            group = Group(gid, None, sim.sampler.draw(sim.cfg.group_size), sim.cfg.prompt_tokens)
+            self.ts.initial[gid] = group
+            new.extend(group.samples)
+        if new and self.cfg.dispatch == "skew_aware":
+            self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
+
+    def _dispatch(self, samples: list) -> None:
+        """StreamRL Algorithm 2 over the new prompts: mark the long tail and size its instance share."""
+        noise = self.cfg.ranker_noise if self.cfg.ranker == "noisy" else 0.0
+        predicted = [s.length * self._rng.lognormvariate(0, noise) if noise else s.length for s in samples]
+        recent = self._recent[-4096:] or [s.length for s in samples]
+        p = self.instances[0].p
+        ptl = lambda bs: p.step_latency(p.k5 * bs * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50)), bs)  # noqa: E731
+        plan = skew_aware_dispatch(samples, predicted, len(self.instances), recent, ptl,
+                                   alpha=self.cfg.long_tail_fraction,
+                                   max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (self.sim.cfg.prompt_tokens + l)))))
+        self._n_long = plan.n_long
+        self._long.difference_update(id(s) for s in samples)
+        self._long.update(id(s) for s in plan.long_tail)
+        order = {id(s): j for j, s in enumerate(plan.long_tail + plan.regular)}  # LPT: longest predicted first
+        for group in self.ts.initial.values():
+            group.samples.sort(key=lambda s: order.get(id(s), -1))
+
+    def _lanes(self):
+        long_insts = frozenset(range(self._n_long))
+        rest = frozenset(range(self._n_long, len(self.instances)))
+        is_long = lambda t: id(t) in self._long  # noqa: E731
+        return [(is_long, long_insts), (lambda t: not is_long(t), rest)]
+
+    def _reserve(self, gid: int, version: int) -> None:
+        sim = self.sim
+        group = self.ts.initial[gid]
+        sim.policy.reserve(gid, version)
+        group.version = version
+        sim.groups[gid] = group
+        sim.state_epoch += 1
+        self.ts.reserved(group)
+
+    def _execute(self, cmd) -> None:
+        inst = self.instances[cmd.inst]
+        if isinstance(cmd, Interrupt):
+            for s in cmd.trajs:
+                inst.interrupt(s)
+                self.ts.put(s)
+            self.interrupts += len(cmd.trajs)
+        elif isinstance(cmd, Pull):
+            inst.pull(cmd.version)
+            self.pulls += 1
+        elif isinstance(cmd, Route):
+            for s in cmd.trajs:
+                self.ts.take(s)
+                inst.enqueue(s)
+        self.touch(inst)
+
+    def sample_done(self, sample) -> None:
+        self._long.discard(id(sample))
+        self._recent.append(sample.length)
+        if len(self._recent) > 8192:
+            del self._recent[:4096]
+
+    def abort(self, group: Group) -> None:
+        """Staleness-manager Abort: the samples vanish from their instances and from P (Table 1)."""
+        for sample in group.samples:
+            inst = sample.where
+            if inst is not None:
+                inst.abort(sample)
+                self.coord.note_abort(inst.idx, [sample])
+                self.touch(inst)
+            self._long.discard(id(sample))

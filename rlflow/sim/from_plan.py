@@ -27,9 +27,15 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     coord = plan["control"]["coordination"][name]
     ws = coord["weight_sync"] or {"mode": "global", "partial_rollout": False}
     sync = ws["mode"]
-    if sync == "throughput_aware":
-        notes.append("throughput_aware sync is simulated as per_instance until the coordinator lands (issue 5)")
-        sync = "per_instance"
+    dispatch = coord.get("dispatch") or {"kind": "round_robin"}
+    coordination = dict(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
+                        coordinator_interval_s=coord.get("interval_s", 0.5))
+    if dispatch["kind"] == "skew_aware_dispatch":
+        ranker = dispatch.get("ranker", "learned")
+        coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
+                            ranker="oracle" if ranker == "oracle" else "noisy")
+        if ranker != "oracle":
+            notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
     cap = w["length_cap"] or rollout["max_new_tokens"]
     lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
                          tailness=w["tailness"], cap=cap)
@@ -46,6 +52,8 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
             raise ValueError("slots mode needs workload.rollout_tokens_per_s (set it in the pipeline or with --set)")
         slots = w["concurrency"] or instances * rollout["max_running"]
         speed = w["rollout_tokens_per_s"] / slots
+        if coordination["routing"] != "least_loaded" or coordination["migration"] != "none" or dispatch["kind"] != "round_robin":
+            notes.append("slots mode has no instances to coordinate; routing / migration / dispatch are not modelled")
         if sync != "global":
             notes.append(f"slots mode syncs weights in flight (the closed form's assumption); {sync} sync is not modelled")
         config_kw = dict(mode="slots", instances=min(instances, slots), slots=slots, speed=speed, weight_sync="global",
@@ -57,7 +65,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
             notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} (pass --profile to change)")
         prof = CostProfile.load(profile)
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
-                         partial_rollout=ws["partial_rollout"])
+                         partial_rollout=ws["partial_rollout"], **coordination)
         n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
         held = n * (prompt_tokens + expected_length(lengths) / 2)
         v_r = instances * n / prof.step_latency(prof.k5 * held, n)  # decode tokens/s of a full fleet

@@ -18,11 +18,11 @@ from rlflow.operators.policy import InvariantViolation, StalenessPolicy
 from rlflow.operators.registry import make_policy
 from rlflow.sim.closed_form import closed_form_prediction
 from rlflow.sim.config import SimConfig, SimConfigError
-from rlflow.sim.fleet import Fleet
+from rlflow.sim.fleet import CoordinatedFleet, Fleet
 from rlflow.sim.lengths import LengthSampler, expected_length
 from rlflow.sim.result import SimResult, Timeline
 from rlflow.sim.slots import SlotPool
-from rlflow.sim.trajectories import Group, Sample, TrajectoryServer
+from rlflow.sim.trajectories import CoordinatedTS, Group, Sample, TrajectoryServer
 
 
 class SimulationStalled(RuntimeError):
@@ -54,7 +54,7 @@ class Simulation:
         self.now = 0.0
         self.weights = 0  # latest published weights version (train steps finished)
         self.state_epoch = 0  # bumped on every policy or trajectory-server change
-        self.ts = TrajectoryServer()
+        self.ts = CoordinatedTS() if config.coordinated else TrajectoryServer()
         self.groups: dict[int, Group] = {}  # admitted, not yet consumed / dropped / aborted
         self.timeline = Timeline(config.instances)
         self._heap: list = []
@@ -82,6 +82,8 @@ class Simulation:
         if config.mode == "slots":
             stagger = expected_length(config.lengths) / config.speed if config.stagger else 0.0
             self.rollout = SlotPool(self, config.slots, config.speed, config.instances, stagger)
+        elif config.coordinated:
+            self.rollout = CoordinatedFleet(self, config.instances, config.profile, config.prompt_tokens, config)
         else:
             self.rollout = Fleet(
                 self, config.instances, config.profile, config.prompt_tokens, config.weight_sync, config.partial_rollout
@@ -113,6 +115,8 @@ class Simulation:
     def sample_done(self, sample: Sample) -> None:
         if self._in_window:
             self._sampled_lengths.append(sample.length)
+        if self.cfg.coordinated:
+            self.rollout.sample_done(sample)
         group = sample.group
         group.remaining -= 1
         group.min_version = sample.version if group.min_version is None else min(group.min_version, sample.version)

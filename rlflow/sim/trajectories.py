@@ -12,7 +12,7 @@ class Group:
 
     def __init__(self, gid: int, version: int, lengths: list[int], prompt: int):
         self.gid = gid
-        self.version = version  # reserved V_traj (weights of the unit that admitted it)
+        self.version = version  # reserved V_traj (weights of the unit that admitted it); None until reserved (coordinated TS)
         self.lengths = lengths
         self.remaining = len(lengths)
         self.min_version: int | None = None
@@ -23,6 +23,22 @@ class Sample:
     """One trajectory: `length` response tokens after a `prompt`; `version` is set by its first token."""
 
     __slots__ = ("group", "index", "length", "prompt", "generated", "version", "join", "contrib", "finish", "where")
+
+    @property
+    def v_traj(self) -> int | None:
+        """Oldest version tolerated: its first token's, else its group's reservation, else None (initial)."""
+        return self.version if self.version is not None else self.group.version
+
+    @property
+    def gid(self) -> int:
+        return self.group.gid
+
+    @property
+    def tokens(self) -> float:
+        """KV tokens it holds or brings: prompt + generated so far."""
+        inst = self.where
+        running = inst is not None and getattr(inst, "running", {}).get(id(self)) is self
+        return self.prompt + self.generated + (inst.progress - self.join if running else 0.0)
 
     def __init__(self, group: Group, index: int, length: int, prompt: int):
         self.group = group
@@ -83,3 +99,35 @@ class TrajectoryServer:
             del self._by_version[group.version]
         self._size -= removed
         return removed
+
+
+class CoordinatedTS:
+    """The coordinator's trajectory server: returned / unstarted samples by identity, plus initial groups."""
+
+    def __init__(self):
+        self.waiting: dict[int, Sample] = {}  # samples of reserved groups not on an instance
+        self.initial: dict[int, Group] = {}  # groups not yet reserved (no V_traj), by gid
+
+    def __len__(self) -> int:
+        return len(self.waiting) + sum(len(g.samples) for g in self.initial.values())
+
+    def trajs(self) -> list[Sample]:
+        return list(self.waiting.values()) + [s for g in self.initial.values() for s in g.samples]
+
+    def reserved(self, group: Group) -> None:
+        """The group's first member was routed: all its members now carry V_traj."""
+        self.initial.pop(group.gid, None)
+        for s in group.samples:
+            self.waiting[id(s)] = s
+
+    def put(self, sample: Sample) -> None:
+        self.waiting[id(sample)] = sample
+
+    def take(self, sample: Sample) -> None:
+        self.waiting.pop(id(sample), None)
+
+    def discard(self, group: Group) -> int:
+        n = 0
+        for s in group.samples:
+            n += self.waiting.pop(id(s), None) is not None
+        return n

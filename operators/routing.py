@@ -1,0 +1,194 @@
+"""Routing strategies: least-loaded (vanilla) and StaleFlow's cost-model waterfall (staleflow.txt §5.3, Algorithm 3).
+
+A routing strategy is a pure function of a speculative snapshot (instance snapshots it may update in
+place) and the trajectories waiting in the trajectory server; it returns Route commands. Every route
+respects the staleness policy through check_routable (Algorithm 2): an initial trajectory (no V_traj)
+needs verify(inst_version), a partial one needs inst_version >= V_traj. Trajectories are duck-typed:
+`.v_traj` (None while initial), `.tokens` (KV tokens it brings: prompt + generated so far), `.gid`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .commands import Route
+
+Verify = Callable[[int], bool]
+Reserve = Callable[[object, int], None]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-instance throughput model T_i(S) (staleflow.txt Eq. 2) and the KV rule gamma_i (Eq. 3)."""
+
+    k1: float
+    k2: float
+    k3: float
+    k4: float
+    k5: float = 1.0  # KV units per token
+    kv_budget: float = float("inf")  # M
+    max_running: int | None = None  # engine cap on running trajectories (not in the paper; vLLM max_num_seqs)
+
+    @classmethod
+    def from_profile(cls, p) -> CostModel:
+        """From a CostProfile-like object (rlflow.sim.config.CostProfile or a profile dict)."""
+        get = (lambda k: p[k]) if isinstance(p, dict) else (lambda k: getattr(p, k))
+        return cls(get("k1"), get("k2"), get("k3"), get("k4"), get("k5"), get("kv_budget"), get("max_running"))
+
+    def throughput(self, kv_cache: float, n_run: int) -> float:
+        """Eq. 2: |run| / (k1 * kv + max(k2, k3 * |run|) + k4), tokens per second."""
+        if n_run == 0:
+            return 0.0
+        return n_run / (self.k1 * kv_cache + max(self.k2, self.k3 * n_run) + self.k4)
+
+    def fits(self, inst, tokens: float) -> bool:
+        """gamma_i of Eq. 3: the trajectory runs at once (fits M, nothing waiting, under the engine cap)."""
+        if inst.wait_trajs:
+            return False
+        if self.max_running is not None and len(inst.run_trajs) >= self.max_running:
+            return False
+        return inst.kv_cache + self.k5 * tokens <= self.kv_budget
+
+    def marginal_gain(self, inst, tokens: float) -> float:
+        """Eq. 3: Delta T_i of routing a trajectory of `tokens` to `inst` (0 if it would wait)."""
+        if not self.fits(inst, tokens):
+            return 0.0
+        n = len(inst.run_trajs)
+        return self.throughput(inst.kv_cache + self.k5 * tokens, n + 1) - self.throughput(inst.kv_cache, n)
+
+    def ideal_gain(self, tokens: float) -> float:
+        """Eq. 4: the gain of routing to an idle instance, the upper bound of any gain."""
+        return 1.0 / (self.k1 * self.k5 * tokens + max(self.k2, self.k3) + self.k4)
+
+
+def place(inst, traj, cost: CostModel | None) -> None:
+    """update_snapshot (Algorithm 3 line 36): the trajectory joins run_trajs if it fits, else wait_trajs."""
+    k5 = cost.k5 if cost else 1.0
+    if cost is None or cost.fits(inst, traj.tokens):
+        inst.run_trajs.append(traj)
+        inst.kv_cache += k5 * traj.tokens
+    else:
+        inst.wait_trajs.append(traj)
+
+
+def mlq(ts_trajs: Iterable) -> list:
+    """The multi-level queue flattened: ascending V_traj, initial trajectories (no V_traj) last; stable."""
+    return sorted(ts_trajs, key=lambda t: (t.v_traj is None, t.v_traj or 0))
+
+
+class _Admission:
+    """check_routable (Algorithm 2) with V_traj fixed per group once its first member is routed."""
+
+    def __init__(self, verify: Verify, reserve: Reserve | None):
+        self._verify = verify
+        self._reserve = reserve
+        self._cache: dict[int, bool] = {}
+        self.assigned: dict[object, int] = {}  # gid -> V_traj reserved in this pass
+
+    def v_traj(self, traj) -> int | None:
+        return traj.v_traj if traj.v_traj is not None else self.assigned.get(traj.gid)
+
+    def routable(self, traj, version: int) -> bool:
+        v = self.v_traj(traj)
+        if v is not None:
+            return version >= v
+        ok = self._cache.get(version)
+        if ok is None:
+            ok = self._cache[version] = bool(self._verify(version))
+        return ok
+
+    def routed(self, traj, version: int) -> None:
+        """A trajectory left for an instance: an initial one reserves its group with V_traj = inst_version."""
+        if self.v_traj(traj) is None:
+            self.assigned[traj.gid] = version
+            if self._reserve is not None:
+                self._reserve(traj.gid, version)
+            self._cache.clear()  # a reservation may fill a buffer
+
+
+def _by_version(instances, hold: frozenset) -> dict[int, list]:
+    groups: dict[int, list] = {}
+    for inst in instances:
+        if inst.idx not in hold:
+            groups.setdefault(inst.inst_version, []).append(inst)
+    return dict(sorted(groups.items()))
+
+
+def _emit(routes: dict[int, list]) -> list[Route]:
+    return [Route(idx, tuple(trajs)) for idx, trajs in routes.items()]
+
+
+def route_cost_model(instances, ts_trajs, cost: CostModel, verify: Verify, *, mu: float = 0.3,
+                     reserve: Reserve | None = None, hold: frozenset = frozenset()) -> list[Route]:
+    """StaleFlow routing (Algorithm 3): MLQ by V_traj, version groups ascending, waterfall threshold mu * ideal gain.
+
+    Stops at the first trajectory with no candidate or no gain above the threshold (lines 12-14, 38-40).
+    Per version group a max-heap of gains is kept for the current trajectory length; only the chosen
+    instance's gain changes after a route, so equal-length runs (initial trajectories) cost O(log n) each.
+    """
+    adm = _Admission(verify, reserve)
+    groups = _by_version(instances, hold)
+    heaps: dict[int, tuple[float, list]] = {}  # version -> (tokens the gains were computed for, heap)
+    routes: dict[int, list] = {}
+    for traj in mlq(ts_trajs):
+        versions = [v for v in groups if adm.routable(traj, v)]
+        if not versions:
+            break
+        threshold = mu * cost.ideal_gain(traj.tokens)
+        selected = None
+        for v in versions:
+            tokens, heap = heaps.get(v, (None, None))
+            if tokens != traj.tokens:
+                heap = [(-cost.marginal_gain(i, traj.tokens), i.idx, i) for i in groups[v]]
+                heapq.heapify(heap)
+                heaps[v] = (traj.tokens, heap)
+            if heap and -heap[0][0] >= threshold and -heap[0][0] > 0:
+                selected = heapq.heappop(heap)[2]
+                break
+        if selected is None:
+            break
+        adm.routed(traj, selected.inst_version)
+        place(selected, traj, cost)
+        heapq.heappush(heaps[selected.inst_version][1], (-cost.marginal_gain(selected, traj.tokens), selected.idx, selected))
+        routes.setdefault(selected.idx, []).append(traj)
+    return _emit(routes)
+
+
+def route_least_loaded(instances, ts_trajs, verify: Verify, *, cost: CostModel | None = None,
+                       reserve: Reserve | None = None, hold: frozenset = frozenset()) -> list[Route]:
+    """Vanilla routing: each trajectory (MLQ order) to the least-loaded admissible instance with room.
+
+    Room is the cost model's gamma (fits the KV budget, nothing waiting, under max_running); without a
+    cost model every instance has room. Load is |run| + |wait|; ties go to the lower index.
+    """
+    adm = _Admission(verify, reserve)
+    groups = _by_version(instances, hold)
+    heaps = {v: [(len(i.run_trajs) + len(i.wait_trajs), i.idx, i) for i in insts] for v, insts in groups.items()}
+    for heap in heaps.values():
+        heapq.heapify(heap)
+    routes: dict[int, list] = {}
+    for traj in mlq(ts_trajs):
+        while True:
+            best = None
+            for v, heap in heaps.items():
+                if heap and adm.routable(traj, v) and (best is None or heap[0][:2] < heaps[best][0][:2]):
+                    best = v
+            if best is None:
+                break
+            inst = heaps[best][0][2]
+            if cost is not None and not cost.fits(inst, traj.tokens):
+                heapq.heappop(heaps[best])  # full for this cycle
+                continue
+            heapq.heapreplace(heaps[best], (len(inst.run_trajs) + len(inst.wait_trajs) + 1, inst.idx, inst))
+            adm.routed(traj, inst.inst_version)
+            place(inst, traj, cost)
+            routes.setdefault(inst.idx, []).append(traj)
+            break
+        if not any(heaps.values()):
+            break
+    return _emit(routes)
+
+
+ROUTING = {"least_loaded": route_least_loaded, "cost_model": route_cost_model}

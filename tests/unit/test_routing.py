@@ -1,0 +1,99 @@
+"""Routing strategies on hand-worked snapshots (staleflow.txt §5.3, Algorithms 2-3)."""
+
+from rlflow.operators.routing import CostModel, route_cost_model, route_least_loaded
+from rlflow.operators.snapshot import InstanceSnapshot, TrajView
+
+# Round numbers: step latency = 0.001 * kv + max(1, 0.5 * n) + 1 (seconds per step; units arbitrary)
+COST = CostModel(k1=0.001, k2=1.0, k3=0.5, k4=1.0, k5=1.0, kv_budget=1000.0)
+
+
+def inst(idx, version=0, run=0, wait=0, kv=0.0):
+    return InstanceSnapshot(idx, kv, [TrajView(f"r{idx}.{j}") for j in range(run)],
+                            [TrajView(f"w{idx}.{j}") for j in range(wait)], 0, version)
+
+
+def traj(tid, v=None, tokens=0.0, gid=None):
+    return TrajView(tid, gid if gid is not None else tid, v, tokens)
+
+
+def routed(routes):
+    return {r.inst: [t.tid for t in r.trajs] for r in routes}
+
+
+def test_cost_model_throughput_and_gains():
+    assert COST.throughput(0, 0) == 0
+    assert COST.throughput(0, 4) == 4 / (0 + 2 + 1)
+    idle = inst(0)
+    assert COST.marginal_gain(idle, 0) == COST.ideal_gain(0) == 0.5  # 1 / (max(1, 0.5) + 1)
+    busy = inst(1, run=4)
+    assert abs(COST.marginal_gain(busy, 0) - (5 / 3.5 - 4 / 3)) < 1e-12
+    assert COST.marginal_gain(inst(2, run=1, wait=1), 0) == 0  # something waits: gamma = 0
+    assert COST.marginal_gain(inst(3, run=1, kv=990), 20) == 0  # does not fit M: gamma = 0
+
+
+def test_initial_trajectory_goes_to_admitted_version_with_best_gain():
+    # instance 0 (v0) is not admitted by the policy; instances 1, 2 are v1, instance 2 is idle
+    insts = [inst(0, 0), inst(1, 1, run=3), inst(2, 1)]
+    routes = route_cost_model(insts, [traj("a")], COST, verify=lambda v: v >= 1)
+    assert routed(routes) == {2: ["a"]}
+    assert [t.tid for t in insts[2].run_trajs] == ["a"]  # speculative snapshot updated
+
+
+def test_partial_trajectory_never_goes_below_its_v_traj():
+    insts = [inst(0, 0), inst(1, 2, run=6)]
+    routes = route_cost_model(insts, [traj("p", v=1)], COST, verify=lambda v: True, mu=0.0)
+    assert routed(routes) == {1: ["p"]}
+
+
+def test_waterfall_prefers_older_version_group_when_gain_clears_threshold():
+    # v0 group: one instance with 2 running -> gain 3/3 - 2/3 = 1/3 >= 0.3 * 0.5; v1 group idle (gain 0.5)
+    insts = [inst(0, 0, run=2), inst(1, 1)]
+    routes = route_cost_model(insts, [traj("x", v=0)], COST, verify=lambda v: True, mu=0.3)
+    assert routed(routes) == {0: ["x"]}
+    # with mu so high that 1/3 < mu * 0.5, the waterfall falls through to the v1 group
+    insts = [inst(0, 0, run=2), inst(1, 1)]
+    routes = route_cost_model(insts, [traj("x", v=0)], COST, verify=lambda v: True, mu=0.9)
+    assert routed(routes) == {1: ["x"]}
+
+
+def test_mlq_routes_staler_first_and_stops_when_no_gain_clears_threshold():
+    # one instance; mu=0.9 lets only an idle or nearly idle instance accept
+    insts = [inst(0, 2)]
+    ts = [traj("new"), traj("v1", v=1), traj("v0", v=0)]
+    routes = route_cost_model(insts, ts, COST, verify=lambda v: True, mu=0.9)
+    # v0 goes first (gain 0.5 = ideal); next gain 2/2 - 1/2 = 0.5 >= 0.45 -> v1; third: 3/2.5 - 1 = 0.2 < 0.45 -> stop
+    assert routed(routes) == {0: ["v0", "v1"]}
+
+
+def test_no_candidate_stops_routing_and_reserve_called_once_per_group():
+    reserved = []
+    insts = [inst(0, 1), inst(1, 1)]
+    ts = [traj("g0a", gid="g0"), traj("g0b", gid="g0")]
+    admitted = {"n": 0}
+
+    def verify(v):
+        return admitted["n"] < 1  # the policy admits one group only
+
+    def reserve(gid, v):
+        admitted["n"] += 1
+        reserved.append((gid, v))
+
+    routes = route_cost_model(insts, ts, COST, verify, reserve=reserve, mu=0.0)
+    # the sibling is routable although verify() now says no: its group already holds V_traj = 1
+    assert sorted(t for ts_ in routed(routes).values() for t in ts_) == ["g0a", "g0b"]
+    assert reserved == [("g0", 1)]
+    more = route_cost_model([inst(0, 1)], [traj("g1a", gid="g1")], COST, verify, reserve=reserve)
+    assert more == [] and reserved == [("g0", 1)]
+
+
+def test_least_loaded_balances_and_respects_staleness_and_room():
+    insts = [inst(0, 0, run=2), inst(1, 1, run=1), inst(2, 1, run=0), inst(3, 1, run=1, wait=1)]
+    ts = [traj(f"t{j}") for j in range(4)]
+    routes = route_least_loaded(insts, ts, verify=lambda v: v == 1, cost=COST)
+    # instance 0 inadmissible (v0), instance 3 has a waiting trajectory (no room)
+    assert routed(routes) == {2: ["t0", "t2"], 1: ["t1", "t3"]}
+
+
+def test_held_instances_get_nothing():
+    routes = route_least_loaded([inst(0), inst(1)], [traj("a"), traj("b")], verify=lambda v: True, hold=frozenset({0}))
+    assert routed(routes) == {1: ["a", "b"]}
