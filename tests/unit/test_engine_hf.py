@@ -34,8 +34,13 @@ def trajectories(tokenizer, rows: list[dict], group: str = "g") -> list[Trajecto
 
 
 def mixed_rows(n: int = 12) -> list[dict]:
-    """Prompts of 5 to 17 tokens: repeat prompts and (longer) sums."""
-    return [row for pair in zip(tasks.repeat(21, n // 2), tasks.arith(21, n // 2)) for row in pair]
+    """Prompts of several lengths: repeat prompts, sums, and sums chained into longer prompts."""
+    sums = tasks.arith(21, n)
+    rows = [row for pair in zip(tasks.repeat(21, n // 2), sums[: n // 2]) for row in pair]
+    for i, row in enumerate(rows[1::4]):  # every other sum grows by 1-3 more terms
+        extra = "+".join(s["prompt"].rstrip("=") for s in sums[n // 2: n // 2 + 1 + i % 3])
+        row["prompt"] = row["prompt"].rstrip("=") + "+" + extra + "="
+    return rows
 
 
 def run_to_idle(engine: HFEngine, limit: int = 200) -> list[Trajectory]:
