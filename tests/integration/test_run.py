@@ -69,22 +69,24 @@ def test_failing_reward_is_counted_and_loses_nothing(ray_cluster, workdir, monke
 def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
     import ray
 
-    plan = plan_for("bounded_async", "stages.train.steps=4")
     from rlflow.runtime.driver import Run
 
-    run = Run(plan, out_dir=Path(".rlflow/runs/x"), log=lambda *a: None)
+    class KillAfterRouting(Run):
+        """Kills an instance right after work was routed to it (deterministic: the work is in flight)."""
 
-    victim = []
+        victim = None
 
-    def kill_one():  # kill an instance while it holds work (after the first step, so the run is warm)
-        while not run.history or not (busy := [i for i in run.instances if len(i.running) >= 2]):
-            time.sleep(0.05)
-        victim.append(busy[0])
-        ray.kill(busy[0].handle)
+        def _admit(self):
+            super()._admit()
+            if self.victim is None and self.history:
+                self.victim = next((i for i in self.instances if i.alive and i.routes), None)
+                if self.victim is not None:
+                    ray.kill(self.victim.handle)
 
-    threading.Thread(target=kill_one, daemon=True).start()
+    plan = plan_for("bounded_async", "stages.train.steps=4")
+    run = KillAfterRouting(plan, out_dir=Path(".rlflow/runs/x"), log=lambda *a: None)
     run.run()
-    assert not victim[0].alive
+    assert run.victim is not None and not run.victim.alive
     assert run.counts["rerouted"] > 0
     assert len(run.history) == 4
     assert_accounted(run)
