@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("-o", "--output", default=".rlflow/sim", help="folder for the report (default .rlflow/sim)")
     overrides(p)
+    p = sub.add_parser("profile", help="fit the cost model (k1..k5) to an engine's measured decode steps")
+    p.add_argument("--model", default="builtin:tiny-llama", help="builtin:tiny-llama or a local HF directory")
+    p.add_argument("--task", default="repeat", help="built-in task the tiny model is warm-started on")
+    p.add_argument("--engine", default="hf", help="engine name (default hf)")
+    p.add_argument("--prompt", default="abc*16=", help="prompt to generate from (long answers give clean steps)")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="comma-separated running-set sizes")
+    p.add_argument("-o", "--output", default="configs/profiles/tiny-llama-hf.json", help="profile JSON to write")
     return ap
 
 
@@ -121,7 +128,31 @@ def _simulate(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
+def _profile(args) -> int:
+    from rlflow import registry
+    from rlflow.profile import fit_profile, measure_engine, write_profile
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    model = (registry.resolve("model", args.model)(task=args.task) if args.model.startswith("builtin:") else args.model)
+    extra = {"chunk_size": 2} if args.engine == "hf" else {}  # short chunks: more steps with no trajectory finishing
+    engine = registry.resolve("engine", args.engine)(str(model), max_running=max(sizes), max_new_tokens=64, **extra)
+    prompt = engine.tokenizer(args.prompt)["input_ids"]
+    try:
+        fit = fit_profile(measure_engine(engine, prompt, batch_sizes=sizes))
+    except ValueError as e:
+        from rlflow.errors import Problem
+
+        raise PipelineInvalid("rlflow profile", [Problem(("--batch-sizes",), str(e), "too-few-samples",
+                                                          "pass more batch sizes, or a prompt with longer answers")]) from None
+    path = write_profile(fit, args.output, name=f"{args.engine}-{model.name if hasattr(model, 'name') else model}",
+                         source=f"rlflow profile --engine {args.engine} --model {args.model}",
+                         max_running=max(sizes), kv_budget=max(sizes) * 512)
+    print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()))
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+COMMANDS = {"profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

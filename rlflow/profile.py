@@ -1,0 +1,105 @@
+"""`rlflow profile`: fit StaleFlow's per-instance cost model (Appendix B, Eq. 11) to an engine's measured steps.
+
+    latency per decode step = k1 * kv_cache + max(k2, k3 * n) + k4
+
+k2 = k3 * n* at the crossover n*, so for a fixed n* the model is linear in (kv_cache, max(n*, n), 1):
+each candidate n* is one least-squares fit, and the best one wins. The result is written in the
+configs/profiles/ format, so cost-model routing and the simulator work on any engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured decode step: KV units held, running trajectories, seconds per decode step."""
+
+    kv_cache: float
+    running: int
+    latency_s: float
+
+
+def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0) -> dict:
+    """k1..k5 by least squares with a searched crossover; raises ValueError on too few distinct points."""
+    if len({s.running for s in samples}) < 3 or len(samples) < 6:
+        raise ValueError("need at least 6 samples over 3 or more batch sizes to fit k1..k4")
+    kv = np.array([s.kv_cache for s in samples], dtype=float)
+    n = np.array([s.running for s in samples], dtype=float)
+    y = np.array([s.latency_s for s in samples], dtype=float)
+    best = None
+    # the crossover n* = k2 / k3 need not be a measured batch size: search a fine grid over the range
+    grid = np.geomspace(max(n.min(), 1.0), n.max(), 400)
+    for cross in sorted(set(n.tolist()) | set(grid.tolist())):
+        x = np.column_stack([kv, np.maximum(n, cross), np.ones_like(kv)])
+        # relative least squares: timing noise is proportional to the step time, and small batches
+        # (the latency floor) matter as much to routing as large ones
+        coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+        k1, k3, k4 = (float(c) for c in coef)
+        if k1 < 0 or k3 < 0:
+            continue  # the model is monotone in both; a negative slope is noise fitted as signal
+        err = float(np.sum((x @ coef / y - 1) ** 2))
+        if best is None or err < best[0]:
+            best = (err, k1, k3, k4, cross)
+    if best is None:
+        raise ValueError("no crossover gives non-negative k1 and k3; measure more batch sizes and KV sizes")
+    err, k1, k3, k4, cross = best
+    pred = k1 * kv + np.maximum(k3 * cross, k3 * n) + k4
+    r2 = 1 - float(np.sum((pred - y) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-30)
+    return {"k1": k1, "k2": k3 * cross, "k3": k3, "k4": k4, "k5": kv_per_token, "crossover": float(cross), "r2": r2}
+
+
+def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 32), repeats: int = 2,
+                   log=print) -> list[Sample]:
+    """Step an engine (the rollout-engine interface) at several batch sizes; one sample per clean step call.
+
+    A step call counts only if no trajectory finished or joined during it: then every running
+    trajectory decoded the same number of tokens, d = (growth of kv_cache) / n, and the latency per
+    decode step is the call's time / d.
+    """
+    from rlflow.stages.trajectory import Trajectory
+
+    samples: list[Sample] = []
+    for n in batch_sizes:
+        for r in range(repeats):
+            for i in range(n):
+                engine.start(Trajectory(group_id=f"p{n}-{r}", index=i, prompt="", answer="", prompt_ids=list(prompt_ids)))
+            before = engine.snapshot()
+            while not engine.idle:
+                t0 = time.perf_counter()
+                finished = engine.step()
+                dt = time.perf_counter() - t0
+                after = engine.snapshot()
+                same = set(after["run_trajs"]) == set(before["run_trajs"]) and not before["wait_trajs"]
+                decoded = (after["kv_cache"] - before["kv_cache"]) / max(len(before["run_trajs"]), 1)
+                if not finished and same and decoded > 0:
+                    samples.append(Sample(before["kv_cache"], len(before["run_trajs"]), dt / decoded))
+                before = after
+        log(f"profile: batch {n}: {sum(1 for s in samples if s.running == n)} clean steps")
+    return samples
+
+
+def write_profile(fit: dict, path: str | Path, *, name: str, source: str, max_running: int, kv_budget: float) -> Path:
+    """Write a configs/profiles/ JSON; values the fit does not give are stated as assumptions."""
+    path = Path(path)
+    doc = {
+        "name": name,
+        "source": source,
+        "latency": "per decode step: k1 * kv_cache + max(k2, k3 * n) + k4 seconds",
+        **{k: {"value": fit[k], "from": "rlflow profile (least squares)"} for k in ("k1", "k2", "k3", "k4")},
+        "k5": {"value": fit["k5"], "unit": "KV units per token", "from": "engine reports KV in tokens"},
+        "kv_budget": {"value": kv_budget, "unit": "KV units", "from": "assumption: engine's max_running x max_model_len"},
+        "max_running": {"value": max_running, "from": "engine setting"},
+        "prefill_s_per_token": {"value": fit["k3"], "from": "assumption: one decode slot's cost per prompt token"},
+        "pull_s": {"value": 0.0, "from": "assumption: not measured"},
+        "fit": {"crossover": fit["crossover"], "r2": fit["r2"]},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path

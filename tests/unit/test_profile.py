@@ -1,0 +1,67 @@
+"""`rlflow profile`: the cost-model fit recovers known coefficients and works on a real engine's steps."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from rlflow.profile import Sample, fit_profile, measure_engine, write_profile
+from rlflow.sim.config import CostProfile
+
+TRUE = {"k1": 7e-8, "k2": 1.7e-3, "k3": 1.25e-4, "k4": 1.07e-2}  # StaleFlow Table 4 (crossover n* = 13.6)
+
+
+def synthetic(noise: float, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        for kv in (1e3, 1e4, 5e4, 2e5):
+            lat = TRUE["k1"] * kv * n + max(TRUE["k2"], TRUE["k3"] * n) + TRUE["k4"]
+            out.append(Sample(kv * n, n, lat * (1 + rng.gauss(0, noise))))
+    return out
+
+
+def test_fit_recovers_the_coefficients_without_noise():
+    fit = fit_profile(synthetic(0.0))
+    for k in ("k1", "k2", "k3", "k4"):
+        assert fit[k] == pytest.approx(TRUE[k], rel=0.01)
+    assert fit["crossover"] == pytest.approx(TRUE["k2"] / TRUE["k3"], rel=0.01)  # n* = 13.6, between measured sizes
+    assert fit["r2"] > 0.999
+
+
+def test_fit_is_close_with_measurement_noise():
+    fit = fit_profile(synthetic(0.02, seed=3))
+    assert fit["k1"] == pytest.approx(TRUE["k1"], rel=0.1)
+    assert fit["k3"] == pytest.approx(TRUE["k3"], rel=0.15)
+    for s in synthetic(0.0):  # predicts the noise-free latency within a few percent everywhere
+        predicted = fit["k1"] * s.kv_cache + max(fit["k2"], fit["k3"] * s.running) + fit["k4"]
+        assert predicted == pytest.approx(s.latency_s, rel=0.08)
+
+
+def test_too_few_batch_sizes_is_an_error():
+    with pytest.raises(ValueError, match="3 or more batch sizes"):
+        fit_profile([Sample(1.0, 1, 0.1), Sample(2.0, 2, 0.2)] * 4)
+
+
+def test_written_profile_loads_as_a_cost_profile(tmp_path):
+    path = write_profile(fit_profile(synthetic(0.0)), tmp_path / "p.json", name="synthetic", source="test",
+                         max_running=64, kv_budget=32768)
+    prof = CostProfile.load(path)
+    assert prof.k3 == pytest.approx(TRUE["k3"], rel=1e-3)
+    assert json.loads(path.read_text())["fit"]["crossover"] == pytest.approx(13.6, rel=0.01)
+
+
+def test_measures_and_fits_a_real_hf_engine():
+    from rlflow.stages.engine_hf import HFEngine
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    model = build_tiny_llama("repeat", progress=lambda *a: None)
+    engine = HFEngine(model, max_running=16, max_new_tokens=64, chunk_size=2, temperature=1.0)
+    prompt = engine.tokenizer("abc*16=")["input_ids"]
+    samples = measure_engine(engine, prompt, batch_sizes=(2, 8, 16), repeats=2, log=lambda *a: None)
+    assert len({s.running for s in samples}) >= 3  # trajectories finish one by one: sizes below 16 appear too
+    assert all(s.latency_s > 0 for s in samples)
+    fit = fit_profile(samples)
+    assert fit["k1"] >= 0 and fit["k3"] >= 0 and fit["k4"] > 0
