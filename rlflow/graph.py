@@ -185,7 +185,7 @@ def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> 
             if p.batch_redundancy and p.queue != "none":
                 problems.append(Problem(loc + ("batch_redundancy",), "batch_redundancy needs staleness buffers (queue: none)",
                                         "redundancy-needs-buffers", "remove it, or set queue: none"))
-            batch = _batch_groups(spec)
+            batch = batch_groups(spec)
             if p.capacity is not None and batch and p.capacity < batch:
                 problems.append(Problem(loc + ("capacity",), f"capacity {p.capacity} groups is less than one batch ({batch} groups)",
                                         "capacity-below-batch", f"set capacity >= {batch} (q = capacity / batch >= 1)"))
@@ -211,7 +211,7 @@ def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> 
             if rollout.coordinator.migration == "repack" and p.mode != "per_instance":
                 problems.append(Problem(("stages", e.to, "coordinator", "migration"), "Laminar repack needs per-instance weight sync",
                                         "repack-needs-per-instance", f"set edges[{i}].policy.mode: per_instance"))
-    if _batch_groups(spec) is None:
+    if batch_groups(spec) is None:
         problems.append(Problem(("stages",), "no batch size: nothing says how many groups a training step takes",
                                 "no-batch-size", "add a buffer stage with batch_groups, or set data.prompts_per_step"))
 
@@ -223,7 +223,8 @@ def _consume_policy(spec: Pipeline):
     return None
 
 
-def _batch_groups(spec: Pipeline) -> int | None:
+def batch_groups(spec: Pipeline) -> int | None:
+    """Groups per training step: the buffer's batch_groups, else data.prompts_per_step (None: neither set)."""
     buffers = stages_of(spec, "buffer")
     return spec.stages[buffers[0]].batch_groups if buffers else spec.data.prompts_per_step
 

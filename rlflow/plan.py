@@ -13,7 +13,7 @@ from pathlib import Path
 import networkx as nx
 
 from rlflow import __version__
-from rlflow.graph import BACK_EDGE, build_graph, data_graph, resolve_path, stages_of
+from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 
@@ -22,7 +22,7 @@ PLAN_VERSION = 1
 
 def staleness_control(spec: Pipeline) -> dict:
     """The edge policy into train, as operators.registry.make_policy arguments (batch in groups)."""
-    batch = _batch_groups(spec)
+    batch = batch_groups(spec)
     policy = next(e.policy for e in spec.edges if e.policy.kind in CONSUME_POLICIES)
     args = {"batch_size": batch, "eta": None, "capacity": None, "batch_redundancy": 0}
     if policy.kind == "barrier":
@@ -38,11 +38,6 @@ def staleness_control(spec: Pipeline) -> dict:
         return {"kind": "staleflow", **args, "eta": policy.eta, "batch_redundancy": policy.batch_redundancy}
     kind = {"drop": "queue_drop", "max": "queue_max"}[policy.queue]
     return {"kind": kind, **args, "eta": policy.eta, "capacity": policy.capacity or batch}
-
-
-def _batch_groups(spec: Pipeline) -> int:
-    buffers = stages_of(spec, "buffer")
-    return spec.stages[buffers[0]].batch_groups if buffers else spec.data.prompts_per_step
 
 
 def predict(spec: Pipeline, control: dict) -> dict:

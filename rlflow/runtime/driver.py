@@ -91,9 +91,8 @@ class Run:
         engine_kwargs = {k: self.rollout[k] for k in ("max_running", "max_new_tokens", "temperature", "top_p")}
         engine_kwargs |= {"seed": p["seed"], "dtype": p["model"]["dtype"], "max_model_len": p["model"]["max_model_len"]}
         self.instances = [
-            Instance(i, RolloutWorker.options(num_cpus=self.rollout["num_cpus"], num_gpus=self.rollout["num_gpus"],
-                                               name=None).remote(self.rollout["engine"], str(self.model_dir), i,
-                                                                 engine_kwargs, self.trajectory_server))
+            Instance(i, RolloutWorker.options(num_cpus=self.rollout["num_cpus"], num_gpus=self.rollout["num_gpus"]).remote(
+                self.rollout["engine"], str(self.model_dir), i, engine_kwargs, self.trajectory_server))
             for i in range(self.rollout["replicas"])
         ]
         trainer_kwargs = {k: self.train[k] for k in ("lr", "clip_low", "clip_high", "loss_agg", "kl_coef", "max_importance_ratio")}

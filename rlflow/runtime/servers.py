@@ -23,7 +23,6 @@ class ParameterServer:
     def __init__(self):
         self._version = -1
         self._ref = None  # [ObjectRef]: wrapped so Ray does not resolve it on return
-        self.push_seconds = 0.0
 
     def push(self, version: int, state_ref: list) -> int:
         """Publish `version`; `state_ref` is [ray.put(state)] (the put already completed)."""
@@ -35,9 +34,6 @@ class ParameterServer:
     def latest(self) -> tuple[int, list | None]:
         """(version, [ObjectRef]) of the newest whole version; (-1, None) before the first push."""
         return self._version, self._ref
-
-    def version(self) -> int:
-        return self._version
 
 
 @ray.remote(num_cpus=0)
@@ -96,6 +92,3 @@ class TrajectoryServer:
     def discard(self, traj_ids: list[str]) -> int:
         """Forget payloads that will not be trained (aborted, filtered, dropped)."""
         return sum(self._payload.pop(t, None) is not None for t in traj_ids)
-
-    def size(self) -> int:
-        return len(self._payload)
