@@ -120,17 +120,64 @@ def _emit(routes: dict[int, list]) -> list[Route]:
     return [Route(idx, tuple(trajs)) for idx, trajs in routes.items()]
 
 
+class _GainTable:
+    """One version group's Eq. 3 gains, ready for the waterfall's max (staleflow.txt Algorithm 3 lines 21-30).
+
+    Algorithm 3 recomputes every candidate's gain for each trajectory, and interrupted trajectories have
+    all-different lengths. Per instance the length-free terms of Eq. 2-3 are kept (one row; only the routed
+    instance's row changes), so a new length is one pass of arithmetic; a repeated length (runs of initial
+    trajectories) re-uses the gains with one entry refreshed. Gains are bit-identical to CostModel.marginal_gain
+    (same operations in the same order); instances are in index order, so the first maximum is line 27's.
+    """
+
+    def __init__(self, insts, cost: CostModel):
+        self.cost = cost
+        self.insts = sorted(insts, key=lambda i: i.idx)
+        self.pos = {inst.idx: p for p, inst in enumerate(self.insts)}
+        self.rows = [self._row(inst) for inst in self.insts]
+        self.tokens = None  # the length `gains` are for
+        self.gains: list[float] = []
+
+    def _row(self, inst) -> tuple:
+        """(kv_cache, room, |run| + 1, max(k2, k3 * (|run| + 1)), T_i(S)): everything Eq. 3 needs but l."""
+        c = self.cost
+        n = len(inst.run_trajs)
+        room = not inst.wait_trajs and (c.max_running is None or n < c.max_running)  # gamma_i less the KV test
+        return inst.kv_cache, room, n + 1, max(c.k2, c.k3 * (n + 1)), c.throughput(inst.kv_cache, n)
+
+    def _gains(self, rows: list, tokens: float) -> list[float]:
+        """Eq. 3 for each row: Eq. 2 after minus before, 0 where gamma_i = 0 (as CostModel.marginal_gain)."""
+        c = self.cost
+        k1, k4, budget, kv_add = c.k1, c.k4, c.kv_budget, c.k5 * tokens
+        return [n1 / (k1 * (kv + kv_add) + step + k4) - before if room and kv + kv_add <= budget else 0.0
+                for kv, room, n1, step, before in rows]
+
+    def best(self, tokens: float) -> tuple[float, object]:
+        """The largest gain for a trajectory of `tokens` and its instance (lowest index among equals)."""
+        if tokens != self.tokens:
+            self.tokens, self.gains = tokens, self._gains(self.rows, tokens)
+        gain = max(self.gains)
+        return gain, self.insts[self.gains.index(gain)]
+
+    def refresh(self, inst) -> None:
+        """`inst` took a trajectory (update_snapshot, line 36): its row and gain change, no other."""
+        p = self.pos[inst.idx]
+        self.rows[p] = self._row(inst)
+        self.gains[p] = self._gains([self.rows[p]], self.tokens)[0]
+
+
 def route_cost_model(instances, ts_trajs, cost: CostModel, verify: Verify, *, mu: float = 0.3,
                      reserve: Reserve | None = None, hold: frozenset = frozenset()) -> list[Route]:
     """StaleFlow routing (Algorithm 3): MLQ by V_traj, version groups ascending, waterfall threshold mu * ideal gain.
 
     Stops at the first trajectory with no candidate or no gain above the threshold (lines 12-14, 38-40).
-    Per version group a max-heap of gains is kept for the current trajectory length; only the chosen
-    instance's gain changes after a route, so equal-length runs (initial trajectories) cost O(log n) each.
+    Unlike line 31 a gain must also be positive, so even at mu = 0 a trajectory that would wait (gamma = 0,
+    §5.3 Eq. 3) is never routed. Each version group's gains live in a _GainTable built on first use, so a
+    route costs at most one pass of arithmetic over each group it tries.
     """
     adm = _Admission(verify, reserve)
     groups = _by_version(instances, hold)
-    heaps: dict[int, tuple[float, list]] = {}  # version -> (tokens the gains were computed for, heap)
+    tables: dict[int, _GainTable] = {}
     routes: dict[int, list] = {}
     for traj in mlq(ts_trajs):
         versions = [v for v in groups if adm.routable(traj, v)]
@@ -139,19 +186,17 @@ def route_cost_model(instances, ts_trajs, cost: CostModel, verify: Verify, *, mu
         threshold = mu * cost.ideal_gain(traj.tokens)
         selected = None
         for v in versions:
-            tokens, heap = heaps.get(v, (None, None))
-            if tokens != traj.tokens:
-                heap = [(-cost.marginal_gain(i, traj.tokens), i.idx, i) for i in groups[v]]
-                heapq.heapify(heap)
-                heaps[v] = (traj.tokens, heap)
-            if heap and -heap[0][0] >= threshold and -heap[0][0] > 0:
-                selected = heapq.heappop(heap)[2]
+            if v not in tables:
+                tables[v] = _GainTable(groups[v], cost)
+            gain, inst = tables[v].best(traj.tokens)
+            if gain >= threshold and gain > 0:
+                selected = inst
                 break
         if selected is None:
             break
         adm.routed(traj, selected.inst_version)
         place(selected, traj, cost)
-        heapq.heappush(heaps[selected.inst_version][1], (-cost.marginal_gain(selected, traj.tokens), selected.idx, selected))
+        tables[selected.inst_version].refresh(selected)
         routes.setdefault(selected.idx, []).append(traj)
     return _emit(routes)
 

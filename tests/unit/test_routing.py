@@ -1,6 +1,9 @@
 """Routing strategies on hand-worked snapshots (staleflow.txt §5.3, Algorithms 2-3)."""
 
-from rlflow.operators.routing import CostModel, route_cost_model, route_least_loaded
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlflow.operators.routing import CostModel, place, route_cost_model, route_least_loaded
 from rlflow.operators.snapshot import InstanceSnapshot, TrajView
 
 # Round numbers: step latency = 0.001 * kv + max(1, 0.5 * n) + 1 (seconds per step; units arbitrary)
@@ -97,3 +100,78 @@ def test_least_loaded_balances_and_respects_staleness_and_room():
 def test_held_instances_get_nothing():
     routes = route_least_loaded([inst(0), inst(1)], [traj("a"), traj("b")], verify=lambda v: True, hold=frozenset({0}))
     assert routed(routes) == {1: ["a", "b"]}
+
+
+# -- the gain tables of route_cost_model against Algorithm 3 taken literally -----------------------------
+
+def reference_cost_model(instances, ts_trajs, cost, verify, mu, reserve):
+    """Algorithm 3 line by line: per trajectory, every candidate's gain from CostModel.marginal_gain,
+    version groups ascending, the first strict maximum in index order (line 27); gain must be > 0 too."""
+    assigned, routes = {}, {}
+    for traj in sorted(ts_trajs, key=lambda t: (t.v_traj is None, t.v_traj or 0)):
+        v_traj = traj.v_traj if traj.v_traj is not None else assigned.get(traj.gid)
+        candidates = [i for i in instances
+                      if (i.inst_version >= v_traj if v_traj is not None else verify(i.inst_version))]
+        if not candidates:
+            break
+        selected = None
+        for version in sorted({i.inst_version for i in candidates}):
+            best, best_gain = None, float("-inf")
+            for i in sorted((i for i in candidates if i.inst_version == version), key=lambda i: i.idx):
+                gain = cost.marginal_gain(i, traj.tokens)
+                if gain > best_gain:
+                    best, best_gain = i, gain
+            if best_gain >= mu * cost.ideal_gain(traj.tokens) and best_gain > 0:
+                selected = best
+                break
+        if selected is None:
+            break
+        if v_traj is None:
+            assigned[traj.gid] = selected.inst_version
+            reserve(traj.gid, selected.inst_version)
+        place(selected, traj, cost)
+        routes.setdefault(selected.idx, []).append(traj.tid)
+    return list(routes.items())
+
+
+def final_state(snaps):
+    return sorted((i.idx, [t.tid for t in i.run_trajs], [t.tid for t in i.wait_trajs], i.kv_cache) for i in snaps)
+
+
+# few distinct templates and lengths, so equal gains (ties) and repeated lengths are common
+_inst_template = st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from([0, 0, 0, 1]),
+                           st.sampled_from([0.0, 100.0, 250.0, 600.0, 950.0]))
+_traj_template = st.tuples(st.sampled_from([None, None, 0, 1, 2, 3]), st.sampled_from([0, 10, 50, 100, 400, 900]),
+                           st.integers(0, 5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(insts=st.lists(_inst_template, min_size=1, max_size=12), trajs=st.lists(_traj_template, max_size=30),
+       cost=st.sampled_from([COST, CostModel(0.001, 1.0, 0.5, 1.0, 2.0, 1000.0, 4),
+                             CostModel(7.28e-8, 1.72e-3, 1.25e-4, 1.07e-2, 1.0, 1000.0, 5)]),
+       mu=st.sampled_from([0.0, 0.1, 0.3, 0.9]), admit=st.integers(0, 4), hold=st.frozensets(st.integers(0, 11)),
+       order=st.randoms(use_true_random=False))
+def test_cost_model_routing_matches_algorithm_3_reference(insts, trajs, cost, mu, admit, hold, order):
+    def build():
+        snaps = [InstanceSnapshot(idx, kv, [TrajView(f"r{idx}.{j}") for j in range(run)],
+                                  [TrajView(f"w{idx}.{j}") for j in range(wait)], 0, v)
+                 for idx, (v, run, wait, kv) in enumerate(insts)]
+        order.shuffle(snaps)  # group order must not depend on the caller's instance order
+        ts = [TrajView(f"t{j}", gid if v is None else f"p{j}", v, tokens) for j, (v, tokens, gid) in enumerate(trajs)]
+        reserved = []
+
+        def verify(version):  # the policy admits `admit` groups, on versions >= 1
+            return len(reserved) < admit and version >= 1
+
+        return snaps, ts, verify, lambda gid, v: reserved.append((gid, v)), reserved
+
+    snaps, ts, verify, reserve, reserved = build()
+    got = [(r.inst, [t.tid for t in r.trajs]) for r in
+           route_cost_model(snaps, ts, cost, verify, mu=mu, reserve=reserve, hold=hold)]
+    state = final_state(snaps)
+
+    snaps, ts, verify, reserve, ref_reserved = build()
+    held = [i for i in snaps if i.idx not in hold]
+    assert got == reference_cost_model(held, ts, cost, verify, mu, reserve)
+    assert reserved == ref_reserved
+    assert state == final_state(snaps)  # the speculative snapshot is updated the same way
