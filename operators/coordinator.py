@@ -120,7 +120,7 @@ class Coordinator:
         cmds: list[Command] = []
         # lines 4-9: synchronization; a pulled instance's work is interrupted back to the TS
         decision = SYNC[self.cfg.sync](S, ts, ps, verify=verify, route=self._route_fn(verify),
-                                       partial_rollout=self.cfg.partial_rollout)
+                                       partial_rollout=self.cfg.partial_rollout, cost=self.cost, mu=self.cfg.mu)
         for idx in decision.pull:
             inst = by_idx[idx]
             trajs = inst.run_trajs + inst.wait_trajs

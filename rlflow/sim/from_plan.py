@@ -30,12 +30,10 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     dispatch = coord.get("dispatch") or {"kind": "round_robin"}
     coordination = dict(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
                         coordinator_interval_s=coord.get("interval_s", 0.5))
+    ranker = dispatch.get("ranker", "learned")
     if dispatch["kind"] == "skew_aware_dispatch":
-        ranker = dispatch.get("ranker", "learned")
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
                             ranker="oracle" if ranker == "oracle" else "noisy")
-        if ranker != "oracle":
-            notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
     cap = w["length_cap"] or rollout["max_new_tokens"]
     lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
                          tailness=w["tailness"], cap=cap)
@@ -63,6 +61,8 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         if not profile:
             profile = DEFAULT_PROFILE
             notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} (pass --profile to change)")
+        if dispatch["kind"] == "skew_aware_dispatch" and ranker != "oracle":  # slots mode drops dispatch (noted above)
+            notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
         prof = CostProfile.load(profile)
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=ws["partial_rollout"], **coordination)
