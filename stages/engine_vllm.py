@@ -260,7 +260,9 @@ class VLLMEngine(RolloutEngine):
         self._wake.set()
 
     def interrupt(self, traj_id: str) -> Trajectory | None:
-        traj = self._call(self._take(traj_id))
+        """None also when the trajectory has already finished in the background: the next step() reports
+        it finished, which is what it is (a complete trajectory must not be resumed elsewhere)."""
+        traj = self._call(self._take(traj_id, finished_too=False))
         if traj is not None:
             traj.finish_reason = "interrupt"
             traj.completion = self._decode(traj.completion_ids)
@@ -268,16 +270,19 @@ class VLLMEngine(RolloutEngine):
         return traj
 
     def abort(self, traj_id: str) -> bool:
-        traj = self._call(self._take(traj_id))
+        traj = self._call(self._take(traj_id, finished_too=True))
         if traj is None:
             return False
         traj.finish_reason = "abort"
         return True
 
-    async def _take(self, traj_id: str) -> Trajectory | None:
-        """Abort the request and wait for its coroutine, so no token arrives after we hand the trajectory back."""
-        for i, t in enumerate(self._finished):  # finished but not yet reported by step(): take it back
+    async def _take(self, traj_id: str, finished_too: bool) -> Trajectory | None:
+        """Abort the request and wait for its coroutine, so no token arrives after we hand the trajectory back.
+        `finished_too`: also take back one that finished but step() has not reported yet (abort drops it)."""
+        for i, t in enumerate(self._finished):
             if t.traj_id == traj_id:
+                if not finished_too:
+                    return None
                 self._complete -= 1
                 return self._finished.pop(i)
         req = self._requests.pop(traj_id, None)

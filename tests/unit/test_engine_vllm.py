@@ -191,6 +191,18 @@ def test_interrupted_and_resumed_trajectory_keeps_its_tokens_and_oldest_version(
     np.testing.assert_allclose(resumed.behaviour_logprobs[len(head):], tail, atol=engines.atol)
 
 
+def test_interrupting_a_trajectory_that_finished_in_the_background_reports_it_finished(engines):
+    engine = engines.engines["untied"]  # warm-started: short answers
+    (traj,) = trajectories(engine.tokenizer, mixed_rows(2)[:1], group="bg")
+    engine.start(traj)
+    deadline = time.monotonic() + 60
+    while traj.finish_reason not in ("stop", "length") and time.monotonic() < deadline:
+        time.sleep(0.002)  # vLLM finishes it on its own loop; step() has not reported it yet
+    assert traj.finish_reason in ("stop", "length")
+    assert engine.interrupt(traj.traj_id) is None  # a complete trajectory is not handed back for resuming
+    assert [t.traj_id for t in run_to_idle(engine)] == [traj.traj_id]
+
+
 def test_abort_frees_the_slot(engines):
     engine = engines.engines["tied"]  # max_running 4
     batch = trajectories(engine.tokenizer, long_rows(6), group="ab")
