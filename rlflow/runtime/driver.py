@@ -5,6 +5,13 @@ actors (ARCHITECTURE.md §4).
 One loop iteration: apply finished rollout chunks -> apply rewarded groups from the Ray Data stream
 -> start a training step if a batch is ready -> admit and route new groups -> issue the next step
 command to every idle instance. Invariants are checked after every consume (ARCHITECTURE.md §5).
+
+Routing and weight sync take one of two paths. Least-loaded routing with global or per-instance sync
+and no migration (the vanilla strategies) is `_admit` + `_sync` below. Anything else the plan's
+coordination selects (cost-model routing, throughput-aware sync, threshold / repack migration) runs
+StaleFlow's rollout coordinator (staleflow.txt §5.2, Algorithm 1) through rlflow/runtime/coordination.py:
+`_coordinate` replaces admission, routing and sync, and its Route / Interrupt / Pull commands travel in
+the instances' step calls.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from rlflow.operators.groups import GroupAssembler
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.registry import make_policy
 from rlflow.runtime import stream
+from rlflow.runtime.coordination import RuntimeCoordinator, traj_id
 from rlflow.runtime.data import read_prompts, tokenize_prompts
 from rlflow.runtime.servers import ParameterServer, TrajectoryServer
 from rlflow.runtime.workers import RolloutWorker, TrainerWorker
@@ -42,7 +50,9 @@ class Instance:
     ref: object = None  # the outstanding step call
     routes: list = field(default_factory=list)  # commands for the next step
     aborts: list = field(default_factory=list)
+    interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
     pull: object = None  # (version, [ref]) to load at the next step
+    snapshot: dict | None = None  # the worker's report at the end of its last step
     draining: bool = False  # waits for its running work to finish before pulling (no partial rollout)
     running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)
     busy_s: float = 0.0
@@ -74,6 +84,8 @@ class Run:
         self.pull_s = 0.0
         self.recent_rewards: list[float] = []  # every scored trajectory since the last step, filtered or not
         self.counts = {"reward_failed": 0, "rerouted": 0, "filtered_groups": 0, "dropped_groups": 0, "aborted_trajectories": 0}
+        self.coordination: RuntimeCoordinator | None = None  # set in _start when the plan selects the coordinator
+        self.coordination_notes: list[str] = []
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> None:
@@ -115,6 +127,8 @@ class Run:
             version, ref = ray.get(self.parameter_server.latest.remote())
             for inst in self.instances:
                 inst.pull, inst.version = (version, ref), version
+        self.coordination, self.coordination_notes = RuntimeCoordinator.from_plan(self.plan, self.instances, self.counts,
+                                                                                  log=self.log)
         max_ticks = self.train["steps"] * self._batch_groups() * 8 + 1000  # >= every non-empty pull + idle timeouts
         self.stream = stream.reward_stream(
             self.trajectory_server, reward_fn=p["stages"][self.reward_name]["fn"], filter_fn=self._filter_ref(),
@@ -177,15 +191,64 @@ class Run:
         """Weights the instance generates its next routed work with (a queued pull loads first)."""
         return inst.pull[0] if inst.pull else inst.version
 
+    def _coordinate(self) -> None:
+        """One rollout-coordinator cycle (staleflow.txt §5.2, Algorithm 1) at a step barrier, when one is due
+        (every interval_s, or as soon as an instance has run out of work).
+
+        When a cycle is due, instances that return are held (no next step) until every alive one has
+        returned, so the snapshot is exact; the cycle then syncs (Pull, interrupting what the instance
+        holds), migrates (Interrupt) and routes (Route, reserving a group with the staleness policy when
+        its first member is routed), and the commands go out with the next step calls.
+        """
+        c = self.coordination
+        now = time.monotonic()
+        if not c.holding and not c.due(now, self.instances):
+            return
+        c.holding = True
+        if any(i.ref is not None for i in self.instances if i.alive):
+            return  # wait for every instance to finish its step
+        self._top_up()
+        c.cycle(self.instances, self.latest_version, self.latest_ref, self.policy.verify, self._reserve_group, self._launch)
+        c.holding = False
+        c.next_cycle = now + c.interval_s
+
+    def _top_up(self) -> None:
+        """Keep one batch of initial groups in the TS (§5.1: the TS samples prompts ahead; as the simulator)."""
+        members = self.group_size + self.rollout["group_redundancy"]
+        while self.coordination.initial_groups < self._batch_groups():
+            row = self.prompts[self.cursor % len(self.prompts)]
+            gid = f"g{self.cursor}"
+            self.cursor += 1
+            self.coordination.add_group(gid, [
+                {"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
+                 "prompt_ids": row["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
+                 "version": 0, "versions_seen": []}  # version: set when the group is reserved
+                for m in range(members)])
+
+    def _reserve_group(self, gid: str, version: int) -> None:
+        """The coordinator routes a group's first member to an instance on `version` (Algorithm 2)."""
+        self.policy.reserve(gid, version)
+        self.assembler.open(gid, version)
+        self.group_version[gid] = version
+
+    def _launch(self, row: dict) -> None:
+        """A member is routed; the first time, it joins its group with the group's reserved V_traj."""
+        gid, tid = row["group_id"], traj_id(row)
+        if tid not in self.assembler.running(gid):
+            self.assembler.launch(gid, tid, self.group_version[gid])
+
     def _on_step_result(self, inst: Instance, result: dict) -> None:
         inst.busy_s += result["busy_s"]
         snap = result["snapshot"]
         inst.version = snap["version"]
         self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap["run_trajs"])))
         self.pull_s += result["pull_s"]
+        inst.snapshot = snap
         for meta in result["finished"]:
             tid = f"{meta['group_id']}/{meta['index']}"
             self.lengths[tid] = meta["tokens"]
+            if self.coordination is not None:
+                self.coordination.finished(inst, tid)
             if inst.running.pop(tid, None) is None:
                 continue  # finished after we aborted it: the server's copy is discarded below
             gid = meta["group_id"]
@@ -195,11 +258,16 @@ class Run:
             done = self.assembler.finish(gid, tid)
             if done is not None:
                 self._abort_members(done.surplus)
+                # with the coordinator, members never routed leave the TS (they have no payload)
+                unrouted = self.coordination.forget_group(gid) if self.coordination is not None else set()
                 members = [f"{gid}/{m}" for m in range(self.group_size + self.rollout["group_redundancy"])
-                           if f"{gid}/{m}" not in done.surplus]
+                           if f"{gid}/{m}" not in done.surplus and f"{gid}/{m}" not in unrouted]
                 self.group_version[gid] = done.version
                 self.trajectory_server.enqueue_group.remote(members)
-        for t in result["interrupted"]:  # partial rollouts to resume elsewhere (coordinator migrations)
+        if self.coordination is not None:  # partial rollouts back to the TS, or to the instance a Route waits with
+            self.counts["rerouted"] += self.coordination.returned(inst, result["interrupted"], self.instances)
+            return
+        for t in result["interrupted"]:
             self._reroute(t)
         self._sync(inst, snap)
 
@@ -207,7 +275,10 @@ class Run:
         for tid in traj_ids:
             for inst in self.instances:
                 if inst.running.pop(tid, None) is not None:
-                    inst.aborts.append(tid)
+                    if self.coordination is None or self.coordination.abort(inst, tid):
+                        inst.aborts.append(tid)
+            if self.coordination is not None:
+                self.coordination.drop(tid)  # a partial one waiting in the TS
             self.counts["aborted_trajectories"] += 1
         self.trajectory_server.discard.remote(list(traj_ids))
 
@@ -239,6 +310,13 @@ class Run:
         inst.alive = False
         self.log(f"rollout instance {inst.index} died ({type(err).__name__}); re-routing its {len(inst.running)} trajectories")
         orphans, inst.running = list(inst.running.values()), {}
+        if self.coordination is not None:  # back to the TS; the next cycle routes them to the others
+            if not any(i.alive for i in self.instances):
+                raise RuntimeError("every rollout instance has died; nothing can generate (see the Ray logs above)")
+            self.coordination.orphaned(inst, orphans)
+            inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
+            self.counts["rerouted"] += len(orphans)
+            return
         for traj in orphans:  # restart from the prompt; V_traj stays the reserved (oldest) version
             self._reroute({**traj, "completion_ids": [], "behaviour_logprobs": []})
 
@@ -278,6 +356,8 @@ class Run:
             if e.gid in self.assembler:
                 self._abort_members(self.assembler.abort(e.gid))
                 self.group_version.pop(e.gid, None)
+                if self.coordination is not None:
+                    self.coordination.forget_group(e.gid)
             elif e.gid in self.kept:
                 self.trajectory_server.discard.remote(list(self.kept.pop(e.gid)))
                 self.counts["dropped_groups"] += 1
@@ -313,24 +393,27 @@ class Run:
         self.tracker = Tracker(self.plan, run_id=self.tracker_run_id)
         self.latest_version, self.latest_ref = ray.get(self.parameter_server.latest.remote())
         self.train_ref = None
-        last_step_t, last_busy = time.monotonic(), 0.0
+        last_step_t = time.monotonic()
         previous = signal.signal(signal.SIGINT, self._on_sigint)
-        pending = [f"{k}={self.coord[k]}" for k, vanilla in (("routing", "least_loaded"), ("migration", "none")) if self.coord[k] != vanilla]
-        if (self.coord["weight_sync"] or {}).get("mode") == "throughput_aware":
-            pending.append("sync=throughput_aware")
-        if pending:
-            self.log(f"note: {', '.join(pending)} need the rollout coordinator (issue 5); this run routes least-loaded, "
-                     "does not migrate, and syncs throughput_aware as per_instance")
+        if self.coordination is not None:
+            self.log(self.coordination.describe())
+        for note in self.coordination_notes:
+            self.log(f"note: {note}")
         self.log(f"run '{self.plan['name']}': {self.train['steps']} steps of {self._batch_groups()} groups x {self.group_size}; "
                  f"MLflow run {self.tracker.run_id} at {self.tracker.uri}")
         status = "FAILED"
         try:
             while self.step < self.train["steps"] and not self.stop_requested:
-                self._admit()
+                if self.coordination is None:
+                    self._admit()
+                else:
+                    self._coordinate()
                 for inst in self.instances:
-                    if inst.alive and inst.ref is None:
-                        inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, [], inst.pull)
-                        inst.routes, inst.aborts, inst.pull = [], [], None
+                    if inst.alive and inst.ref is None and not (self.coordination and self.coordination.holding):
+                        if self.coordination is not None:
+                            self.coordination.sent(inst)
+                        inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull)
+                        inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
                 refs = [i.ref for i in self.instances if i.ref is not None] + ([self.train_ref] if self.train_ref else [])
                 ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
                 for ref in ready:

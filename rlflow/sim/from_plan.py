@@ -6,6 +6,9 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from rlflow.operators.coordinator import CoordinationConfig
 from rlflow.sim.config import CostProfile, LengthSpec, SimConfig, TrainerModel
 from rlflow.sim.lengths import expected_length
 
@@ -16,28 +19,72 @@ def _rollout(plan: dict) -> tuple[str, dict]:
     return next((n, s) for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "rollout")
 
 
+@dataclass(frozen=True)
+class PlanCoordination:
+    """A plan's rollout-coordination choices (staleflow.txt §5.3), read once for the simulator and `rlflow run`."""
+
+    routing: str  # least_loaded | cost_model
+    migration: str  # none | threshold | repack
+    sync: str  # global | per_instance | throughput_aware (the weight_sync back edge; global when absent)
+    partial_rollout: bool
+    interval_s: float  # seconds between snapshots (§5.2)
+    dispatch: dict  # the data -> rollout edge's dispatch policy ({"kind": "round_robin"} when absent)
+    profile: str | None  # cost-model profile named by the plan, if any
+
+    @property
+    def skew_aware(self) -> bool:
+        return self.dispatch["kind"] == "skew_aware_dispatch"
+
+    @property
+    def vanilla(self) -> bool:
+        """Least-loaded routing, global / per-instance sync, no migration: what needs no coordinator cycle
+        (dispatch is read separately: `skew_aware`)."""
+        return self.routing == "least_loaded" and self.migration == "none" and self.sync in ("global", "per_instance")
+
+    def config(self) -> CoordinationConfig:
+        """The coordinator's strategies (Algorithm 1); mu / phi keep the paper's defaults (§6.1), as the simulator's."""
+        return CoordinationConfig(routing=self.routing, sync=self.sync, migration=self.migration,
+                                  partial_rollout=self.partial_rollout)
+
+
+def plan_coordination(plan: dict) -> PlanCoordination:
+    """The coordination block of the plan's rollout stage, with the defaults the executors share."""
+    name, _ = _rollout(plan)
+    coord = plan["control"]["coordination"][name]
+    ws = coord["weight_sync"] or {"mode": "global", "partial_rollout": False}
+    return PlanCoordination(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
+                            sync=ws["mode"], partial_rollout=ws["partial_rollout"],
+                            interval_s=coord.get("interval_s", 0.5),
+                            dispatch=coord.get("dispatch") or {"kind": "round_robin"}, profile=coord["profile"])
+
+
+def load_profile(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
+    """The named cost-model profile, or DEFAULT_PROFILE with a note saying so."""
+    if not profile:
+        profile = DEFAULT_PROFILE
+        notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} ({hint})")
+    return CostProfile.load(profile)
+
+
 def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
                seed: int | None = None) -> tuple[SimConfig, list[str]]:
     """The simulation of `plan`, and notes on what was assumed."""
     notes: list[str] = []
-    name, rollout = _rollout(plan)
+    _, rollout = _rollout(plan)
     w = plan["pipeline"]["workload"]
     control = plan["control"]["staleness"]
-    coord = plan["control"]["coordination"][name]
-    ws = coord["weight_sync"] or {"mode": "global", "partial_rollout": False}
-    sync = ws["mode"]
-    dispatch = coord.get("dispatch") or {"kind": "round_robin"}
-    coordination = dict(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
-                        coordinator_interval_s=coord.get("interval_s", 0.5))
+    pc = plan_coordination(plan)
+    sync, dispatch = pc.sync, pc.dispatch
+    coordination = dict(routing=pc.routing, migration=pc.migration, coordinator_interval_s=pc.interval_s)
     ranker = dispatch.get("ranker", "learned")
-    if dispatch["kind"] == "skew_aware_dispatch":
+    if pc.skew_aware:
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
                             ranker="oracle" if ranker == "oracle" else "noisy")
     cap = w["length_cap"] or rollout["max_new_tokens"]
     lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
                          tailness=w["tailness"], cap=cap)
-    profile = profile or coord["profile"]
+    profile = profile or pc.profile
     if mode is None:
         mode = "slots" if (w["rollout_tokens_per_s"] and not profile) else "cost_model"
     instances = instances or rollout["replicas"]
@@ -58,14 +105,11 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
                          partial_rollout=True)
         v_r = w["rollout_tokens_per_s"]
     else:
-        if not profile:
-            profile = DEFAULT_PROFILE
-            notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} (pass --profile to change)")
-        if dispatch["kind"] == "skew_aware_dispatch" and ranker != "oracle":  # slots mode drops dispatch (noted above)
+        prof = load_profile(profile, notes)
+        if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
-        prof = CostProfile.load(profile)
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
-                         partial_rollout=ws["partial_rollout"], **coordination)
+                         partial_rollout=pc.partial_rollout, **coordination)
         n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
         held = n * (prompt_tokens + expected_length(lengths) / 2)
         v_r = instances * n / prof.step_latency(prof.k5 * held, n)  # decode tokens/s of a full fleet
