@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -134,7 +133,6 @@ class VLLMEngine(RolloutEngine):
         self._ids = itertools.count()
         self._stats = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
         self._failure: BaseException | None = None  # first error a request coroutine died of
-        self._weights_dir = tempfile.mkdtemp(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"vllm-engine-{self.instance_id}", daemon=True)
         self._thread.start()
@@ -184,7 +182,7 @@ class VLLMEngine(RolloutEngine):
         return AsyncLLM.from_engine_args(args, stat_loggers=[SchedulerSnapshot])
 
     def close(self) -> None:
-        """Shut the engine core down and remove the weights directory."""
+        """Shut the engine core down and stop the event loop."""
         if getattr(self, "llm", None) is not None:
             self.llm.shutdown()
             self.llm = None
@@ -192,7 +190,6 @@ class VLLMEngine(RolloutEngine):
             self._call(_cancel_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
-        shutil.rmtree(self._weights_dir, ignore_errors=True)
 
     def __del__(self):
         try:
@@ -340,10 +337,13 @@ class VLLMEngine(RolloutEngine):
             if name in self._shapes and tuple(array.shape) != self._shapes[name]:
                 raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
         t0 = time.perf_counter()
-        path = os.path.join(self._weights_dir, "model.safetensors")
-        # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
-        save_file({k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes}, path)
-        self._call(self._reload())
+        # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
+        # any clean-up, and weights left in /dev/shm would hold RAM until the machine reboots.
+        with tempfile.TemporaryDirectory(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir()) as d:
+            # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
+            save_file({k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes},
+                      os.path.join(d, "model.safetensors"))
+            self._call(self._reload(d))
         self._version = version
         for req in self._requests.values():
             # V_traj stays the version stamped at start(), even for a request with no token received yet:
@@ -353,10 +353,10 @@ class VLLMEngine(RolloutEngine):
                 req.traj.versions_seen.append(version)
         self.last_load_s = time.perf_counter() - t0
 
-    async def _reload(self) -> None:
+    async def _reload(self, weights_dir: str) -> None:
         await self.llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": self._weights_dir})
+            await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": weights_dir})
             await self.llm.reset_prefix_cache(reset_running_requests=True)  # running KV came from the old weights
         finally:
             await self.llm.resume_generation()
