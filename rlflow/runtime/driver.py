@@ -173,15 +173,9 @@ class Run:
             if inst is None:
                 return
             version = self._next_version(inst)
-            row = self.prompts[self.cursor % len(self.prompts)]
-            gid = f"g{self.cursor}"
-            self.cursor += 1
-            self.policy.reserve(gid, version)
-            self.assembler.open(gid, version)
-            self.group_version[gid] = version
-            for m in range(members):
-                traj = {"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
-                        "prompt_ids": row["prompt_ids"], "version": version, "versions_seen": []}
+            gid, rows = self._draw_group(members, version)
+            self._reserve_group(gid, version)
+            for m, traj in enumerate(rows):
                 self.assembler.launch(gid, f"{gid}/{m}", version)
                 inst.routes.append(traj)
                 inst.running[f"{gid}/{m}"] = traj
@@ -216,14 +210,16 @@ class Run:
         """Keep one batch of initial groups in the TS (§5.1: the TS samples prompts ahead; as the simulator)."""
         members = self.group_size + self.rollout["group_redundancy"]
         while self.coordination.initial_groups < self._batch_groups():
-            row = self.prompts[self.cursor % len(self.prompts)]
-            gid = f"g{self.cursor}"
-            self.cursor += 1
-            self.coordination.add_group(gid, [
-                {"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
-                 "prompt_ids": row["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
-                 "version": 0, "versions_seen": []}  # version: set when the group is reserved
-                for m in range(members)])
+            self.coordination.add_group(*self._draw_group(members, 0))  # version: set when the group is reserved
+
+    def _draw_group(self, members: int, version: int) -> tuple[str, list[dict]]:
+        """The next prompt as a group id and its member rows (fresh trajectories on `version`)."""
+        row = self.prompts[self.cursor % len(self.prompts)]
+        gid = f"g{self.cursor}"
+        self.cursor += 1
+        return gid, [{"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
+                      "prompt_ids": row["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
+                      "version": version, "versions_seen": []} for m in range(members)]
 
     def _reserve_group(self, gid: str, version: int) -> None:
         """The coordinator routes a group's first member to an instance on `version` (Algorithm 2)."""
