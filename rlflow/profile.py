@@ -26,8 +26,30 @@ class Sample:
     latency_s: float
 
 
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min |a c - b| subject to c >= 0, exactly, by trying every support (a has three columns here).
+
+    Every coefficient of Eq. 11 is a cost, so a negative one is timing noise fitted as signal (on a
+    tiny CPU model the step time is nearly all fixed overhead). The constrained optimum is the
+    unconstrained fit on some subset of the columns with every coefficient non-negative; with three
+    columns there are seven subsets, so trying them all is exact and cheaper than an active-set solver.
+    """
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(b**2))
+    for mask in range(1, 2 ** a.shape[1]):
+        cols = [j for j in range(a.shape[1]) if mask >> j & 1]
+        sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if np.any(sub < 0):
+            continue
+        coef = np.zeros(a.shape[1])
+        coef[cols] = sub
+        err = float(np.sum((a @ coef - b) ** 2))
+        if err < best_err:
+            best, best_err = coef, err
+    return best
+
+
 def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0) -> dict:
-    """k1..k5 by least squares with a searched crossover; raises ValueError on too few distinct points."""
+    """k1..k5 (all >= 0) by least squares with a searched crossover; raises ValueError on too few distinct points."""
     if len({s.running for s in samples}) < 3 or len(samples) < 6:
         raise ValueError("need at least 6 samples over 3 or more batch sizes to fit k1..k4")
     kv = np.array([s.kv_cache for s in samples], dtype=float)
@@ -40,18 +62,10 @@ def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0) -> dict:
         x = np.column_stack([kv, np.maximum(n, cross), np.ones_like(kv)])
         # relative least squares: timing noise is proportional to the step time, and small batches
         # (the latency floor) matter as much to routing as large ones
-        coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
-        k1, k3, k4 = (float(c) for c in coef)
-        if k1 < 0 or k3 < 0:
-            continue  # the model is monotone in both; a negative slope is noise fitted as signal
+        coef = _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
         err = float(np.sum((x @ coef / y - 1) ** 2))
         if best is None or err < best[0]:
-            best = (err, k1, k3, k4, cross)
-    if best is None:
-        # No slope survives the noise (e.g. a tiny CPU model whose step time is all fixed overhead): the
-        # honest fit is flat, k1 = k3 = 0 and k4 the relative-least-squares constant; r2 below says so.
-        k4 = float(np.sum(1 / y) / np.sum(1 / y**2))
-        best = (0.0, 0.0, 0.0, k4, float(n.max()))
+            best = (err, *(float(c) for c in coef), cross)
     err, k1, k3, k4, cross = best
     pred = k1 * kv + np.maximum(k3 * cross, k3 * n) + k4
     r2 = 1 - float(np.sum((pred - y) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-30)
