@@ -99,6 +99,7 @@ def _coordination(spec: Pipeline, base_dir: Path) -> dict:
             "migration": s.coordinator.migration,
             "profile": str(profile) if profile else None,
             "interval_s": s.coordinator.interval_s,
+            "mu": s.coordinator.mu, "phi_wait": s.coordinator.phi_wait, "phi_throughput": s.coordinator.phi_throughput,
             "weight_sync": {"mode": sync.mode, "partial_rollout": sync.partial_rollout} if sync else None,
             "dispatch": dispatch.model_dump(mode="json") if dispatch else {"kind": "round_robin"},
         }

@@ -115,6 +115,12 @@ class CoordinatorSpec(Strict):
     """Cost-model profile JSON (configs/profiles/...), needed by cost_model routing."""
     interval_s: Annotated[float, Field(gt=0)] = 0.5
     """Seconds between snapshots."""
+    mu: Annotated[float, Field(ge=0, le=1)] = 0.3
+    """cost_model routing's waterfall threshold: route only for a gain >= mu x the ideal gain (staleflow §5.3)."""
+    phi_wait: NonNegInt = 3
+    """threshold migration: waiting trajectories an instance may keep; the excess goes back to the TS."""
+    phi_throughput: Annotated[float, Field(ge=1)] = 5.0
+    """threshold migration: migrate when the fastest / slowest instance throughput ratio exceeds this."""
 
 
 class RolloutStage(Strict):

@@ -30,6 +30,9 @@ class PlanCoordination:
     interval_s: float  # seconds between snapshots (§5.2)
     dispatch: dict  # the data -> rollout edge's dispatch policy ({"kind": "round_robin"} when absent)
     profile: str | None  # cost-model profile named by the plan, if any
+    mu: float = 0.3  # waterfall threshold (§5.3); the defaults are §6.1's
+    phi_wait: int = 3
+    phi_throughput: float = 5.0
 
     @property
     def skew_aware(self) -> bool:
@@ -42,9 +45,10 @@ class PlanCoordination:
         return self.routing == "least_loaded" and self.migration == "none" and self.sync in ("global", "per_instance")
 
     def config(self) -> CoordinationConfig:
-        """The coordinator's strategies (Algorithm 1); mu / phi keep the paper's defaults (§6.1), as the simulator's."""
+        """The coordinator's strategies (Algorithm 1) and their knobs."""
         return CoordinationConfig(routing=self.routing, sync=self.sync, migration=self.migration,
-                                  partial_rollout=self.partial_rollout)
+                                  partial_rollout=self.partial_rollout, mu=self.mu, phi_wait=self.phi_wait,
+                                  phi_throughput=self.phi_throughput)
 
 
 def plan_coordination(plan: dict) -> PlanCoordination:
@@ -55,7 +59,8 @@ def plan_coordination(plan: dict) -> PlanCoordination:
     return PlanCoordination(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
                             sync=ws["mode"], partial_rollout=ws["partial_rollout"],
                             interval_s=coord.get("interval_s", 0.5),
-                            dispatch=coord.get("dispatch") or {"kind": "round_robin"}, profile=coord["profile"])
+                            dispatch=coord.get("dispatch") or {"kind": "round_robin"}, profile=coord["profile"],
+                            **{k: coord[k] for k in ("mu", "phi_wait", "phi_throughput") if k in coord})
 
 
 def load_profile(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
@@ -76,7 +81,8 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     control = plan["control"]["staleness"]
     pc = plan_coordination(plan)
     sync, dispatch = pc.sync, pc.dispatch
-    coordination = dict(routing=pc.routing, migration=pc.migration, coordinator_interval_s=pc.interval_s)
+    coordination = dict(routing=pc.routing, migration=pc.migration, coordinator_interval_s=pc.interval_s,
+                        mu=pc.mu, phi_wait=pc.phi_wait, phi_throughput=pc.phi_throughput)
     ranker = dispatch.get("ranker", "learned")
     if pc.skew_aware:
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),

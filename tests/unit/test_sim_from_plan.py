@@ -163,3 +163,26 @@ def test_compiled_staleflow_plan_simulates_within_its_bound():
     cfg, _ = sim_config(_plan(STALEFLOW), steps=3)
     r = simulate(cfg)
     assert r.consumed == 3 * 8 and max(r.staleness) <= 2
+
+
+def test_coordinator_knobs_reach_the_simulator_and_the_runtime():
+    from rlflow.sim.from_plan import plan_coordination
+
+    plan = _plan(STALEFLOW, "stages.rollout.coordinator.mu=0.5", "stages.rollout.coordinator.phi_wait=1",
+                 "stages.rollout.coordinator.phi_throughput=2")
+    cfg, _ = sim_config(plan, steps=4)
+    assert (cfg.mu, cfg.phi_wait, cfg.phi_throughput) == (0.5, 1, 2.0)
+    sim_cfg = Simulation(cfg).rollout.coord.cfg
+    run_cfg = plan_coordination(plan).config()  # what `rlflow run`'s coordinator is built with
+    for c in (sim_cfg, run_cfg):
+        assert (c.mu, c.phi_wait, c.phi_throughput) == (0.5, 1, 2.0)
+    default = plan_coordination(_plan(STALEFLOW)).config()
+    assert (default.mu, default.phi_wait, default.phi_throughput) == (0.3, 3, 5.0)  # staleflow.txt §6.1
+
+
+@pytest.mark.parametrize("knob, value", [("mu", "1.5"), ("phi_wait", "-1"), ("phi_throughput", "0.5")])
+def test_out_of_range_coordinator_knobs_are_compile_errors(knob, value):
+    from rlflow.errors import PipelineInvalid
+
+    with pytest.raises(PipelineInvalid, match=knob):
+        _plan(STALEFLOW, f"stages.rollout.coordinator.{knob}={value}")
