@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def member_id(group_id: str, index: int) -> str:
+    """A trajectory's id: its group and its index in the group (one format across the runtime)."""
+    return f"{group_id}/{index}"
+
 @dataclass
 class Trajectory:
     """One completion of one prompt; `group_id` ties the group_size samples of a prompt together."""
@@ -29,7 +33,7 @@ class Trajectory:
 
     @property
     def traj_id(self) -> str:
-        return f"{self.group_id}/{self.index}"
+        return member_id(self.group_id, self.index)
 
     def as_dict(self) -> dict:
         return asdict(self)

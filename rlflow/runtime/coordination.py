@@ -44,21 +44,15 @@ from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
 from rlflow.sim.from_plan import PlanCoordination, load_profile, plan_coordination
+from rlflow.stages.trajectory import member_id
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
 RESYNC_AFTER = 3  # consecutive rejected snapshots before P is re-read from the snapshot
 
 
 def traj_id(row: dict) -> str:
-    return f"{row['group_id']}/{row['index']}"
-
-
-def unsupported_notes(pc: PlanCoordination) -> list[str]:
-    """What the plan asks for that the Ray runtime does not do (said at the start of a run)."""
-    if pc.skew_aware:
-        return ["skew_aware_dispatch is not wired into the Ray runtime yet (no length ranker, no long-tail instances): "
-                "this run routes every prompt with the plan's routing strategy; `rlflow simulate` models dispatch"]
-    return []
+    """The id of a routed row (a trajectory's payload as the driver holds it)."""
+    return member_id(row["group_id"], row["index"])
 
 
 class RuntimeCoordinator:
@@ -98,7 +92,7 @@ class RuntimeCoordinator:
         names none); its engine cap is the rollout stage's max_running when that is lower.
         """
         pc = plan_coordination(plan)
-        notes = unsupported_notes(pc)
+        notes: list[str] = []
         if pc.vanilla:  # least-loaded routing, global / per-instance sync, no migration: the driver's own path
             return None, notes
         rollout = next(s for s in plan["pipeline"]["stages"].values() if s["kind"] == "rollout")
@@ -117,6 +111,10 @@ class RuntimeCoordinator:
     @property
     def initial_groups(self) -> int:
         return len(self.initial)
+
+    def initial_prompts(self) -> dict[str, str]:
+        """Unreserved groups in the TS: gid -> prompt text (what skew-aware dispatch ranks)."""
+        return {gid: self.ts[tids[0]][1]["prompt"] for gid, tids in self.initial.items()}
 
     def add_group(self, gid: str, rows: list[dict]) -> None:
         """An initial group drawn from the prompts: no V_traj until routing reserves it (§5.1)."""
@@ -154,14 +152,21 @@ class RuntimeCoordinator:
         return now >= self.next_cycle or any(
             i.alive and i.ref is None and _idle(i) and i.index not in self.idle_after_cycle for i in instances)
 
-    def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch) -> list | None:
+    def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch, dispatch=None) -> list | None:
         """Algorithm 1 on an exact snapshot (every alive instance between two steps); commands go to the Instances.
 
-        verify / reserve: the staleness policy (Algorithm 2); launch(row): a member leaves the TS for the first time.
+        verify / reserve: the staleness policy (Algorithm 2); launch(row, inst): a member leaves the TS for `inst`.
+        dispatch (skew-aware, rlflow/runtime/dispatch.py): routing runs once per lane, the TS in LPT order.
         """
         alive = [i for i in instances if i.alive]
-        snap = Snapshot([self._snapshot(i) for i in alive], [view for view, _ in self.ts.values()], ps_version)
-        cmds = self.coord.cycle(snap, verify, self._reserve(reserve))
+        views = [view for view, _ in self.ts.values()]
+        lanes = None
+        if dispatch is not None:
+            views.sort(key=lambda v: dispatch.rank.get(v.gid, len(dispatch.rank)))
+            lanes = [((lambda v, lane=lane: dispatch.lane(v.gid) == lane), insts)
+                     for lane, insts, _ in dispatch.lanes([i.index for i in alive])]
+        snap = Snapshot([self._snapshot(i) for i in alive], views, ps_version)
+        cmds = self.coord.cycle(snap, verify, self._reserve(reserve), lanes)
         for s in snap.instances:
             self.kv_prev[s.idx] = s.kv_cache
         if cmds is None:
@@ -239,7 +244,7 @@ class RuntimeCoordinator:
             _, row = self.ts.pop(tid)
             if not row["completion_ids"]:
                 row["version"] = version  # a fresh trajectory's V_traj is its first token's (stamped by the engine)
-            launch(row)
+            launch(row, inst)
             inst.routes.append(row)
             inst.running[tid] = row
 

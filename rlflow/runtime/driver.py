@@ -22,6 +22,7 @@ import queue
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,8 +34,11 @@ from rlflow.operators.registry import make_policy
 from rlflow.runtime import stream
 from rlflow.runtime.coordination import RuntimeCoordinator, traj_id
 from rlflow.runtime.data import read_prompts, tokenize_prompts
+from rlflow.runtime.dispatch import RuntimeDispatch
 from rlflow.runtime.servers import ParameterServer, TrajectoryServer
 from rlflow.runtime.workers import RolloutWorker, TrainerWorker
+from rlflow.sim.from_plan import plan_coordination
+from rlflow.stages.trajectory import member_id
 
 STATE_FILE = "state.json"
 
@@ -86,6 +90,9 @@ class Run:
         self.counts = {"reward_failed": 0, "rerouted": 0, "filtered_groups": 0, "dropped_groups": 0, "aborted_trajectories": 0}
         self.coordination: RuntimeCoordinator | None = None  # set in _start when the plan selects the coordinator
         self.coordination_notes: list[str] = []
+        self.dispatch: RuntimeDispatch | None = None  # set in _start when the plan selects skew-aware dispatch
+        self.waiting: dict[str, list[dict]] = {}  # skew-aware dispatch without the coordinator: groups drawn ahead
+        self.replay: deque = deque()  # prompt indices drawn but never routed before the checkpoint resumed from
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> None:
@@ -129,6 +136,8 @@ class Run:
                 inst.pull, inst.version = (version, ref), version
         self.coordination, self.coordination_notes = RuntimeCoordinator.from_plan(self.plan, self.instances, self.counts,
                                                                                   log=self.log)
+        self.dispatch = RuntimeDispatch.from_plan(self.plan, plan_coordination(self.plan), self.counts,
+                                                  self.coordination_notes, log=self.log)
         max_ticks = self.train["steps"] * self._batch_groups() * 8 + 1000  # >= every non-empty pull + idle timeouts
         self.stream = stream.reward_stream(
             self.trajectory_server, reward_fn=p["stages"][self.reward_name]["fn"], filter_fn=self._filter_ref(),
@@ -161,24 +170,59 @@ class Run:
 
     # ------------------------------------------------------------------ control plane
     def _admit(self) -> None:
-        """Admit new groups while some instance has room and the staleness policy allows its version."""
-        cap = self.rollout["max_running"]
+        """Admit new groups while some instance has room and the staleness policy allows its version.
+
+        Least-loaded routing (StaleFlow's vanilla strategy, §5.3) among the instances whose weights
+        version the staleness policy admits; a group's members all go to one instance. With skew-aware
+        dispatch (rlflow/runtime/dispatch.py) the groups wait, one batch drawn ahead, and each lane
+        routes its longest-predicted group to its own instances.
+        """
         members = self.group_size + self.rollout["group_redundancy"]
         while True:
-            # least-loaded routing (StaleFlow's vanilla strategy, §5.3) among instances whose weights
-            # version the staleness policy admits; a group's members all go to one instance.
-            candidates = sorted((i for i in self.instances if i.alive and not i.draining and i.load < cap),
-                                key=lambda i: (i.load, i.index))
-            inst = next((i for i in candidates if self.policy.verify(self._next_version(i))), None)
-            if inst is None:
-                return
+            if self.dispatch is None:
+                inst = self._least_loaded(self.instances, self.rollout["max_running"])
+                if inst is None:
+                    return
+                gid, rows = self._draw_group(members, self._next_version(inst))
+            else:
+                self._top_up_waiting(members)
+                alive = [i.index for i in self.instances if i.alive]
+                pick = None
+                for lane, insts, cap in self.dispatch.lanes(alive):
+                    gid = self.dispatch.head(self.waiting, lane)
+                    inst = gid and self._least_loaded([self.instances[i] for i in sorted(insts)], cap)
+                    if inst:
+                        pick = inst, gid
+                        break
+                if pick is None:
+                    return
+                inst, gid = pick
+                self.dispatch.check_lane(gid, inst.index, alive)
+                rows = self.waiting.pop(gid)
             version = self._next_version(inst)
-            gid, rows = self._draw_group(members, version)
             self._reserve_group(gid, version)
             for m, traj in enumerate(rows):
-                self.assembler.launch(gid, f"{gid}/{m}", version)
+                traj["version"] = version
+                self.assembler.launch(gid, member_id(gid, m), version)
                 inst.routes.append(traj)
-                inst.running[f"{gid}/{m}"] = traj
+                inst.running[member_id(gid, m)] = traj
+
+    def _least_loaded(self, instances, cap: int) -> Instance | None:
+        """The least-loaded instance with room whose next weights version the staleness policy admits."""
+        candidates = sorted((i for i in instances if i.alive and not i.draining and i.load < cap),
+                            key=lambda i: (i.load, i.index))
+        return next((i for i in candidates if self.policy.verify(self._next_version(i))), None)
+
+    def _top_up_waiting(self, members: int) -> None:
+        """Skew-aware dispatch: keep one batch of groups waiting; re-run Algorithm 2 when new ones arrive
+        or the ranker has learned since the last plan."""
+        if len(self.waiting) >= self._batch_groups() and not self.dispatch.dirty:
+            return
+        while len(self.waiting) < self._batch_groups():
+            gid, rows = self._draw_group(members, 0)  # version: set when the group is routed
+            self.waiting[gid] = rows
+        self.dispatch.plan({gid: rows[0]["prompt"] for gid, rows in self.waiting.items()},
+                           sum(i.alive for i in self.instances))
 
     @staticmethod
     def _next_version(inst: Instance) -> int:
@@ -202,21 +246,29 @@ class Run:
         if any(i.ref is not None for i in self.instances if i.alive):
             return  # wait for every instance to finish its step
         self._top_up()
-        c.cycle(self.instances, self.latest_version, self.latest_ref, self.policy.verify, self._reserve_group, self._launch)
+        c.cycle(self.instances, self.latest_version, self.latest_ref, self.policy.verify, self._reserve_group, self._launch,
+                dispatch=self.dispatch)
         c.holding = False
         c.next_cycle = now + c.interval_s
 
     def _top_up(self) -> None:
         """Keep one batch of initial groups in the TS (§5.1: the TS samples prompts ahead; as the simulator)."""
         members = self.group_size + self.rollout["group_redundancy"]
+        drawn = False
         while self.coordination.initial_groups < self._batch_groups():
             self.coordination.add_group(*self._draw_group(members, 0))  # version: set when the group is reserved
+            drawn = True
+        if self.dispatch is not None and (drawn or self.dispatch.dirty):  # Algorithm 2 over the TS's initial groups
+            self.dispatch.plan(self.coordination.initial_prompts(), sum(i.alive for i in self.instances))
 
     def _draw_group(self, members: int, version: int) -> tuple[str, list[dict]]:
         """The next prompt as a group id and its member rows (fresh trajectories on `version`)."""
-        row = self.prompts[self.cursor % len(self.prompts)]
-        gid = f"g{self.cursor}"
-        self.cursor += 1
+        if self.replay:  # drawn before a checkpoint but never routed: drawn again first after --resume
+            index = self.replay.popleft()
+        else:
+            index, self.cursor = self.cursor, self.cursor + 1
+        row = self.prompts[index % len(self.prompts)]
+        gid = f"g{index}"
         return gid, [{"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
                       "prompt_ids": row["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
                       "version": version, "versions_seen": []} for m in range(members)]
@@ -226,10 +278,14 @@ class Run:
         self.policy.reserve(gid, version)
         self.assembler.open(gid, version)
         self.group_version[gid] = version
+        if self.dispatch is not None:
+            self.dispatch.routed(gid)
 
-    def _launch(self, row: dict) -> None:
-        """A member is routed; the first time, it joins its group with the group's reserved V_traj."""
+    def _launch(self, row: dict, inst: Instance) -> None:
+        """A member is routed to `inst`; the first time, it joins its group with the group's reserved V_traj."""
         gid, tid = row["group_id"], traj_id(row)
+        if self.dispatch is not None:
+            self.dispatch.check_lane(gid, inst.index, [i.index for i in self.instances if i.alive])
         if tid not in self.assembler.running(gid):
             self.assembler.launch(gid, tid, self.group_version[gid])
 
@@ -241,7 +297,7 @@ class Run:
         self.pull_s += result["pull_s"]
         inst.snapshot = snap
         for meta in result["finished"]:
-            tid = f"{meta['group_id']}/{meta['index']}"
+            tid = member_id(meta["group_id"], meta["index"])
             self.lengths[tid] = meta["tokens"]
             if self.coordination is not None:
                 self.coordination.finished(inst, tid)
@@ -256,10 +312,12 @@ class Run:
                 self._abort_members(done.surplus)
                 # with the coordinator, members never routed leave the TS (they have no payload)
                 unrouted = self.coordination.forget_group(gid) if self.coordination is not None else set()
-                members = [f"{gid}/{m}" for m in range(self.group_size + self.rollout["group_redundancy"])
-                           if f"{gid}/{m}" not in done.surplus and f"{gid}/{m}" not in unrouted]
+                ids = (member_id(gid, m) for m in range(self.group_size + self.rollout["group_redundancy"]))
+                members = [t for t in ids if t not in done.surplus and t not in unrouted]
                 self.group_version[gid] = done.version
                 self.trajectory_server.enqueue_group.remote(members)
+                if self.dispatch is not None:  # the ranker learns the prompt's completion length
+                    self.dispatch.completed(gid, [self.lengths[t] for t in members if t in self.lengths])
         if self.coordination is not None:  # partial rollouts back to the TS, or to the instance a Route waits with
             self.counts["rerouted"] += self.coordination.returned(inst, result["interrupted"], self.instances)
             return
@@ -299,7 +357,7 @@ class Run:
             raise RuntimeError("every rollout instance has died; nothing can generate (see the Ray logs above)")
         target = min(alive, key=lambda i: (i.load, i.index))
         target.routes.append(traj)
-        target.running[f"{traj['group_id']}/{traj['index']}"] = traj
+        target.running[traj_id(traj)] = traj
         self.counts["rerouted"] += 1
 
     def _on_instance_death(self, inst: Instance, err: Exception) -> None:
@@ -349,6 +407,8 @@ class Run:
         waiting for its reward (forget it when the reward arrives), or occupied (drop its payload).
         """
         for e in entries:
+            if self.dispatch is not None:
+                self.dispatch.forget(e.gid)
             if e.gid in self.assembler:
                 self._abort_members(self.assembler.abort(e.gid))
                 self.group_version.pop(e.gid, None)
@@ -393,6 +453,8 @@ class Run:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         if self.coordination is not None:
             self.log(self.coordination.describe())
+        if self.dispatch is not None:
+            self.log(self.dispatch.describe())
         for note in self.coordination_notes:
             self.log(f"note: {note}")
         self.log(f"run '{self.plan['name']}': {self.train['steps']} steps of {self._batch_groups()} groups x {self.group_size}; "
@@ -472,6 +534,9 @@ class Run:
         pred = self.plan["prediction"]
         if pred.get("available"):
             row["staleness_predicted"] = pred["mean"]
+        recall = self.dispatch.recall() if self.dispatch is not None else None
+        if recall is not None:
+            row["ranker_recall_top20"] = recall
         self.history.append(row)
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
@@ -492,7 +557,9 @@ class Run:
     def _checkpoint(self) -> None:
         ckpt = self.out_dir / "checkpoint"
         ckpt.mkdir(parents=True, exist_ok=True)
+        unrouted = list(self.waiting) + (list(self.coordination.initial) if self.coordination is not None else [])
         state = {"step": self.step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id,
+                 "unrouted": [int(gid[1:]) for gid in unrouted],
                  "history": self.history, "staleness_all": self.staleness_all, "counts": self.counts}
         ray.get(self.trainer.save.remote(str(ckpt), {"step": self.step}))
         (self.out_dir / STATE_FILE).write_text(json.dumps(state))
@@ -508,6 +575,7 @@ class Run:
         state = json.loads(path.read_text())
         ray.get(self.trainer.load.remote(str(self.out_dir / "checkpoint")))
         self.step, self.cursor = state["step"], state["cursor"]
+        self.replay = deque(state.get("unrouted", []))
         self.history, self.staleness_all, self.counts = state["history"], state["staleness_all"], state["counts"]
         self.tracker_run_id = state["mlflow_run_id"]
         self.policy.version = self.step  # the control plane resumes at the trainer's version, empty

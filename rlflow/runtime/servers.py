@@ -15,6 +15,8 @@ import time
 
 import ray
 
+from rlflow.stages.trajectory import member_id
+
 
 @ray.remote(num_cpus=0)
 class ParameterServer:
@@ -49,7 +51,7 @@ class TrajectoryServer:
     def put(self, trajectories: list[dict]) -> int:
         """Store finished trajectories (called by rollout workers before they report completion)."""
         for t in trajectories:
-            self._payload[f"{t['group_id']}/{t['index']}"] = t
+            self._payload[member_id(t["group_id"], t["index"])] = t
         return len(self._payload)
 
     def enqueue_group(self, traj_ids: list[str]) -> None:

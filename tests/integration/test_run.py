@@ -92,11 +92,23 @@ def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
     assert_accounted(run)
 
 
-def test_ctrl_c_checkpoints_and_resume_continues(ray_cluster, workdir):
-    plan = plan_for("quickstart", "stages.train.steps=4")
+@pytest.mark.parametrize("pipeline", ["quickstart", "streamrl"])
+def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir):
+    """Ctrl-C saves a checkpoint; --resume continues the same MLflow run. Prompts drawn ahead but never
+    routed (streamrl keeps one batch waiting for skew-aware dispatch) are drawn first after the resume."""
+    import json
+
     from rlflow.runtime.driver import Run
 
-    first = Run(plan, out_dir=Path(".rlflow/runs") / plan["name"], log=lambda *a: None)
+    class Recording(Run):
+        def _draw_group(self, members, version):
+            gid, rows = super()._draw_group(members, version)
+            self.drawn = getattr(self, "drawn", []) + [gid]
+            return gid, rows
+
+    plan = plan_for(pipeline, "stages.train.steps=4", *(["stages.buffer.batch_groups=8"] if pipeline == "streamrl" else []))
+    out = Path(".rlflow/runs") / plan["name"]
+    first = Run(plan, out_dir=out, log=lambda *a: None)
 
     def interrupt():
         while len(first.history) < 2:
@@ -107,10 +119,17 @@ def test_ctrl_c_checkpoints_and_resume_continues(ray_cluster, workdir):
     first.run()
     stopped_at = len(first.history)
     assert first.stop_requested and 2 <= stopped_at < 4
-    assert (Path(".rlflow/runs") / plan["name"] / "state.json").exists()
-    second = run_plan(plan, resume=True)
+    assert (out / "state.json").exists()
+    unrouted = [f"g{i}" for i in json.loads((out / "state.json").read_text())["unrouted"]]
+    assert unrouted == list(first.waiting)
+    if pipeline == "streamrl":
+        assert len(unrouted) == 8
+    second = Recording(plan, out_dir=out, resume=True, log=lambda *a: None)
+    second.run()
     assert [h["step"] for h in second.history] == list(range(1, 5))
     assert second.tracker.run_id == first.tracker.run_id
+    assert second.drawn[:len(unrouted)] == unrouted
+    assert f"g{first.cursor}" in second.drawn  # then the prompts after the first run's last
 
 
 def test_missing_data_file_is_a_clear_error(ray_cluster, workdir):
@@ -162,28 +181,19 @@ def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, wo
     throughput gap (phi_throughput = 1 instead of 5), so partial trajectories are interrupted, go back to
     the TS and resume elsewhere, keeping their oldest V_traj.
     """
-    import dataclasses
-
-    from rlflow.runtime.driver import Run
-
-    class Migrating(Run):
-        def _start(self):
-            super()._start()
-            coord = self.coordination.coord
-            coord.cfg = dataclasses.replace(coord.cfg, phi_throughput=1.0)
-
     migrating = variant == "migrating"
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    extra = ["stages.rollout.engine=test_run:small_chunk_hf", "stages.rollout.coordinator.interval_s=0.05"]
+    extra = ["stages.rollout.engine=test_run:small_chunk_hf", "stages.rollout.coordinator.interval_s=0.05",
+             "stages.rollout.coordinator.phi_throughput=1"]
     plan = plan_for("staleflow", *(extra if migrating else []))
-    run = (Migrating if migrating else Run)(plan, out_dir=Path(".rlflow/runs/staleflow"), log=lambda *a: None)
-    run.run()
+    run = run_plan(plan)
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
     coord = run.coordination
     assert coord is not None
     assert (coord.coord.cfg.routing, coord.coord.cfg.sync, coord.coord.cfg.migration) == (
         "cost_model", "throughput_aware", "threshold")
+    assert coord.coord.cfg.phi_throughput == (1.0 if migrating else 5.0)
     n = run.counts
     assert n["coord_cycles"] > 0 and n["coord_rejected"] == 0 and n["coord_resyncs"] == 0, n
     # every trained trajectory was routed by a Route command; instances were pulled onto newer weights
@@ -192,3 +202,61 @@ def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, wo
     if migrating:
         assert n["coord_interrupted"] > 0, n
     assert run.history[-1]["coord_routed"] > 0  # the counts are logged with every step (MLflow metrics)
+
+
+def record_placements(run) -> list:
+    """Every lane check the driver makes (it raises InvariantViolation on a group outside its lane)."""
+    placed, check = [], run.dispatch.check_lane
+
+    def recording(gid, inst, alive):
+        check(gid, inst, alive)
+        placed.append((run.dispatch.lane(gid), inst))
+    run.dispatch.check_lane = recording
+    return placed
+
+
+def test_streamrl_dispatches_the_predicted_long_tail_to_its_own_instance(ray_cluster, workdir):
+    """streamrl.yaml: the learned ranker refits from completed groups, Algorithm 2 splits the two
+    instances into a long-tail and a regular lane, and every group runs in its lane (streamrl.txt §5.3)."""
+    from rlflow.runtime.driver import Run
+
+    class Recorded(Run):
+        def _start(self):
+            super()._start()
+            self.placed = record_placements(self)
+
+    plan = compile_pipeline(REPO / "pipelines" / "streamrl.yaml",
+                            ["stages.train.steps=4", "stages.rollout.group_size=4", "tracking.progress=false"])
+    run = Recorded(plan, out_dir=Path(".rlflow/runs/streamrl"), log=lambda *a: None)
+    run.run()
+    assert len(run.history) == 4
+    assert_accounted(run)
+    n = run.counts
+    assert n["ranker_observed"] > 0 and n["dispatch_plans"] > 0, n
+    assert n["dispatch_long_groups"] > 0 and n["dispatch_long_instances"] == 1, n
+    assert {inst for lane, inst in run.placed if lane == "long"} == {0}  # the first alive instance is the lane
+    assert 0.0 <= run.history[-1]["ranker_recall_top20"] <= 1.0
+
+
+def test_skew_aware_dispatch_lanes_hold_under_the_rollout_coordinator(ray_cluster, workdir):
+    """Dispatch added to staleflow.yaml's plan: the coordinator routes once per lane (Algorithm 1 lines
+    16-17 with StreamRL's split), snapshots still validate, and every member is checked against its lane."""
+    from rlflow.runtime.driver import Run
+
+    class Recorded(Run):
+        def _start(self):
+            super()._start()
+            self.placed = record_placements(self)
+
+    plan = plan_for("staleflow", "stages.buffer.batch_groups=8", "stages.train.steps=4")
+    plan["control"]["coordination"]["rollout"]["dispatch"] = {"kind": "skew_aware_dispatch", "long_tail_fraction": 0.2,
+                                                              "ranker": "learned"}
+    run = Recorded(plan, out_dir=Path(".rlflow/runs/staleflow"), log=lambda *a: None)
+    run.run()
+    assert len(run.history) == 4
+    assert_accounted(run)
+    n = run.counts
+    assert n["coord_cycles"] > 0 and n["coord_rejected"] == 0, n
+    assert n["dispatch_plans"] > 0 and n["dispatch_long_groups"] > 0, n
+    assert {inst for lane, inst in run.placed if lane == "long"} == {0}
+    assert len(run.placed) >= len(run.history) * 8 * run.group_size  # every trained member was checked
