@@ -610,4 +610,5 @@ class Run:
         return {"steps": len(h), "reward_first": first, "reward_last": last, "window": k,
                 "staleness_mean": sum(st) / len(st) if st else 0.0, "staleness_max": max(st, default=0),
                 "counters": vars(self.policy.counters), **self.counts,
-                "elapsed_s": time.monotonic() - self.t0, "mlflow_run_id": self.tracker.run_id}
+                "elapsed_s": time.monotonic() - self.t0, "mlflow_run_id": self.tracker.run_id,
+                **({"ranker_recall_top20": self.dispatch.recall()} if self.dispatch is not None else {})}
