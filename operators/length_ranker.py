@@ -50,6 +50,7 @@ class OnlineLengthRanker:
         self._y: list[float] = []
         self._since = 0
         self._w: np.ndarray | None = None
+        self.fits = 0  # refits so far: predictions change only when this does
 
     def observe(self, prompts: Sequence, lengths: Sequence[float]) -> None:
         for p, n in zip(prompts, lengths):
@@ -65,6 +66,7 @@ class OnlineLengthRanker:
         A = X.T @ X + self.ridge * np.eye(X.shape[1])
         self._w = np.linalg.solve(A, X.T @ y)
         self._since = 0
+        self.fits += 1
 
     def predict(self, prompts: Sequence) -> list[float]:
         if self._w is None:

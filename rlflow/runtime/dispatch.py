@@ -168,9 +168,11 @@ class RuntimeDispatch:
         actual = sum(lengths) / len(lengths)
         if predicted is not None:
             self.scored.append((predicted, actual))
+        fits = getattr(self.ranker, "fits", None)
         self.ranker.observe([prompt], [actual])
         self.counts["ranker_observed"] += 1
-        self._cache.clear()  # the ranker may have refit: waiting prompts are predicted afresh
+        if fits is None or self.ranker.fits != fits:  # refit (or a ranker that does not say): predict afresh
+            self._cache.clear()
 
     def forget(self, gid) -> None:
         """A group evicted or aborted before it completed."""

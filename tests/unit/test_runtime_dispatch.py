@@ -112,3 +112,26 @@ def test_forgotten_groups_leave_no_trace():
     assert "gp10" not in d.long and "gp10" not in d.info
     d.completed("gp10", [])  # a late report for it changes nothing
     assert len(d.scored) == 0
+
+
+def test_waiting_prompts_are_predicted_again_only_after_a_refit():
+    class Counting(OnlineLengthRanker):
+        predicted = 0
+
+        def predict(self, prompts):
+            Counting.predicted += len(prompts)
+            return super().predict(prompts)
+
+    d, _ = make(Counting(refit_every=2))
+    w = {f"w{k}": "word " * k for k in range(1, 6)}
+    d.plan(w, n_alive=2)
+    assert Counting.predicted == 5
+    d.plan({"a": "x"}, n_alive=2)  # first completion: the ranker fits, the waiting set is predicted again
+    d.completed("a", [4])
+    d.plan(w, n_alive=2)
+    assert Counting.predicted == 5 + 1 + 5
+    d.plan({"b": "xx"}, n_alive=2)
+    d.completed("b", [8])  # one observation since the fit: refit_every=2 not reached, predictions stand
+    d.plan(w, n_alive=2)
+    assert Counting.predicted == 11 + 1
+    assert d.dirty is False
