@@ -94,8 +94,6 @@ class RuntimeDispatch:
     def plan(self, waiting: dict, n_alive: int) -> None:
         """Re-run Algorithm 2 over the waiting groups (gid -> prompt text) on `n_alive` instances."""
         self.dirty = False
-        for gid, prompt in waiting.items():
-            self.info.setdefault(gid, (prompt, None))
         gids = list(waiting)
         missing = [g for g in gids if g not in self._cache]
         if missing:
@@ -127,10 +125,17 @@ class RuntimeDispatch:
         self.counts["dispatch_long_instances"] = d.n_long
 
     def lanes(self, alive: list[int]) -> list[tuple[str, frozenset, int]]:
-        """(lane, its instance indices, cap on running trajectories per instance), long-tail lane first."""
+        """(lane, its instance indices, cap on running trajectories per instance), long-tail lane first.
+
+        With no split (nothing learned yet, or one instance left after failures) both lanes use every
+        alive instance, so groups marked long-tail earlier, and their partial trajectories, still run.
+        """
         n_long = min(self.n_long, len(alive) - 1) if len(alive) > 1 else 0
+        if not n_long:
+            everyone = frozenset(alive)
+            return [("long", everyone, self.max_running), ("regular", everyone, self.max_running)]
         long_insts, regular = frozenset(alive[:n_long]), frozenset(alive[n_long:])
-        return ([("long", long_insts, self.long_cap)] if n_long else []) + [("regular", regular, self.max_running)]
+        return [("long", long_insts, self.long_cap), ("regular", regular, self.max_running)]
 
     def lane(self, gid) -> str:
         return "long" if gid in self.long and self.n_long else "regular"

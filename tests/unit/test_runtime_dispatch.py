@@ -24,7 +24,9 @@ def waiting(*names):
 def test_no_split_until_the_ranker_has_seen_a_completed_group():
     d, counts = make(OnlineLengthRanker())
     d.plan(waiting(*LENGTHS), n_alive=4)
-    assert d.lanes([0, 1, 2, 3]) == [("regular", frozenset({0, 1, 2, 3}), 8)]
+    everyone = frozenset({0, 1, 2, 3})
+    assert d.lanes([0, 1, 2, 3]) == [("long", everyone, 8), ("regular", everyone, 8)]  # no split
+    assert d.head(waiting(*LENGTHS), "long") is None
     assert d.head(waiting(*LENGTHS), "regular") == "gp1"  # input order while nothing is known
     assert counts["dispatch_plans"] == 0
 
@@ -75,7 +77,9 @@ def test_lanes_follow_the_alive_instances():
     d.recent.extend(range(1, 11))
     d.plan(waiting(*LENGTHS), n_alive=4)
     assert d.lanes([1, 2, 3]) == [("long", frozenset({1}), 2), ("regular", frozenset({2, 3}), 8)]
-    assert d.lanes([3]) == [("regular", frozenset({3}), 8)]  # one instance: nothing to split
+    # one instance left: nothing to split, and a group already marked long-tail may still run there
+    assert d.lanes([3]) == [("long", frozenset({3}), 8), ("regular", frozenset({3}), 8)]
+    d.check_lane("gp10", 3, [3])
 
 
 def test_the_learned_ranker_sends_the_prompts_it_learned_are_long_to_the_long_lane():
