@@ -155,16 +155,17 @@ class RuntimeCoordinator:
     def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch, dispatch=None) -> list | None:
         """Algorithm 1 on an exact snapshot (every alive instance between two steps); commands go to the Instances.
 
-        verify / reserve: the staleness policy (Algorithm 2); launch(row, inst): a member leaves the TS for `inst`.
-        dispatch (skew-aware, rlflow/runtime/dispatch.py): routing runs once per lane, the TS in LPT order.
+        verify / reserve: the staleness policy (Algorithm 2); launch(row): a member leaves the TS for the first time.
+        dispatch (skew-aware, rlflow/runtime/dispatch.py): routing runs once per lane, the TS in LPT order,
+        and every Route is checked against its trajectories' lanes before it is carried out.
         """
         alive = [i for i in instances if i.alive]
         views = [view for view, _ in self.ts.values()]
-        lanes = None
+        lanes = split = None
         if dispatch is not None:
             views.sort(key=lambda v: dispatch.rank.get(v.gid, len(dispatch.rank)))
-            lanes = [((lambda v, lane=lane: dispatch.lane(v.gid) == lane), insts)
-                     for lane, insts, _ in dispatch.lanes([i.index for i in alive])]
+            split = dispatch.lanes([i.index for i in alive])
+            lanes = [((lambda v, lane=lane: dispatch.lane(v.gid) == lane), insts) for lane, insts, _ in split]
         snap = Snapshot([self._snapshot(i) for i in alive], views, ps_version)
         cmds = self.coord.cycle(snap, verify, self._reserve(reserve), lanes)
         for s in snap.instances:
@@ -177,6 +178,11 @@ class RuntimeCoordinator:
             return None
         self._rejected_in_row = 0
         self.counts["coord_cycles"] += 1
+        if dispatch is not None:
+            for cmd in cmds:
+                if isinstance(cmd, Route):
+                    for v in cmd.trajs:
+                        dispatch.check_lane(v.gid, cmd.inst, split)
         for cmd in cmds:
             inst = instances[cmd.inst]
             if isinstance(cmd, Interrupt):
@@ -244,7 +250,7 @@ class RuntimeCoordinator:
             _, row = self.ts.pop(tid)
             if not row["completion_ids"]:
                 row["version"] = version  # a fresh trajectory's V_traj is its first token's (stamped by the engine)
-            launch(row, inst)
+            launch(row)
             inst.routes.append(row)
             inst.running[tid] = row
 

@@ -150,10 +150,12 @@ class RuntimeDispatch:
         if self.lane(gid) == "long":
             self.counts["dispatch_long_groups"] += 1
 
-    def check_lane(self, gid, inst: int, alive: list[int]) -> None:
-        """Run-time check: a trajectory of `gid` placed on `inst` must be inside its group's lane."""
+    def check_lane(self, gid, inst: int, lanes: list) -> None:
+        """Run-time check: a trajectory of `gid` placed on `inst` must be inside its group's lane.
+
+        `lanes` is what lanes() returned for the routing decision being checked (computed once per decision)."""
         lane = self.lane(gid)
-        insts = next(members for name, members, _ in self.lanes(alive) if name == lane)
+        insts = next(members for name, members, _ in lanes if name == lane)
         if inst not in insts:
             raise InvariantViolation(f"skew-aware dispatch: group {gid} ({lane} lane, instances {sorted(insts)}) "
                                      f"was routed to instance {inst}")

@@ -80,6 +80,7 @@ class Run:
         self.control = dict(plan["control"]["staleness"])
         self.eta = self.control["eta"]
         self.group_size = self.rollout["group_size"]
+        self.members = self.group_size + self.rollout["group_redundancy"]  # trajectories launched per group
         self.stop_requested = False
         self.history: list[dict] = []
         self.staleness_all: list[int] = []
@@ -177,18 +178,18 @@ class Run:
         dispatch (rlflow/runtime/dispatch.py) the groups wait, one batch drawn ahead, and each lane
         routes its longest-predicted group to its own instances.
         """
-        members = self.group_size + self.rollout["group_redundancy"]
         while True:
             if self.dispatch is None:
                 inst = self._least_loaded(self.instances, self.rollout["max_running"])
                 if inst is None:
                     return
-                gid, rows = self._draw_group(members, self._next_version(inst))
+                gid, rows = self._draw_group(self._next_version(inst))
             else:
-                self._top_up_waiting(members)
+                self._top_up()
                 alive = [i.index for i in self.instances if i.alive]
                 pick = None
-                for lane, insts, cap in self.dispatch.lanes(alive):
+                lanes = self.dispatch.lanes(alive)
+                for lane, insts, cap in lanes:
                     gid = self.dispatch.head(self.waiting, lane)
                     inst = gid and self._least_loaded([self.instances[i] for i in sorted(insts)], cap)
                     if inst:
@@ -197,32 +198,21 @@ class Run:
                 if pick is None:
                     return
                 inst, gid = pick
-                self.dispatch.check_lane(gid, inst.index, alive)
+                self.dispatch.check_lane(gid, inst.index, lanes)
                 rows = self.waiting.pop(gid)
             version = self._next_version(inst)
             self._reserve_group(gid, version)
-            for m, traj in enumerate(rows):
+            for traj in rows:
                 traj["version"] = version
-                self.assembler.launch(gid, member_id(gid, m), version)
+                self.assembler.launch(gid, traj_id(traj), version)
                 inst.routes.append(traj)
-                inst.running[member_id(gid, m)] = traj
+                inst.running[traj_id(traj)] = traj
 
     def _least_loaded(self, instances, cap: int) -> Instance | None:
         """The least-loaded instance with room whose next weights version the staleness policy admits."""
         candidates = sorted((i for i in instances if i.alive and not i.draining and i.load < cap),
                             key=lambda i: (i.load, i.index))
         return next((i for i in candidates if self.policy.verify(self._next_version(i))), None)
-
-    def _top_up_waiting(self, members: int) -> None:
-        """Skew-aware dispatch: keep one batch of groups waiting; re-run Algorithm 2 when new ones arrive
-        or the ranker has learned since the last plan."""
-        if len(self.waiting) >= self._batch_groups() and not self.dispatch.dirty:
-            return
-        while len(self.waiting) < self._batch_groups():
-            gid, rows = self._draw_group(members, 0)  # version: set when the group is routed
-            self.waiting[gid] = rows
-        self.dispatch.plan({gid: rows[0]["prompt"] for gid, rows in self.waiting.items()},
-                           sum(i.alive for i in self.instances))
 
     @staticmethod
     def _next_version(inst: Instance) -> int:
@@ -252,16 +242,27 @@ class Run:
         c.next_cycle = now + c.interval_s
 
     def _top_up(self) -> None:
-        """Keep one batch of initial groups in the TS (§5.1: the TS samples prompts ahead; as the simulator)."""
-        members = self.group_size + self.rollout["group_redundancy"]
+        """Keep one batch of groups drawn ahead but not routed (§5.1: the TS samples prompts ahead; as the
+        simulator): the coordinator's TS initial groups, or the groups waiting for skew-aware dispatch.
+        Algorithm 2 re-runs over them when new ones arrive or the ranker has learned since the last plan."""
+        ts = self.coordination
         drawn = False
-        while self.coordination.initial_groups < self._batch_groups():
-            self.coordination.add_group(*self._draw_group(members, 0))  # version: set when the group is reserved
+        while (ts.initial_groups if ts is not None else len(self.waiting)) < self._batch_groups():
+            gid, rows = self._draw_group(0)  # version: set when the group is reserved
+            if ts is not None:
+                ts.add_group(gid, rows)
+            else:
+                self.waiting[gid] = rows
             drawn = True
-        if self.dispatch is not None and (drawn or self.dispatch.dirty):  # Algorithm 2 over the TS's initial groups
-            self.dispatch.plan(self.coordination.initial_prompts(), sum(i.alive for i in self.instances))
+        if self.dispatch is not None and (drawn or self.dispatch.dirty):
+            prompts = ts.initial_prompts() if ts is not None else {g: rows[0]["prompt"] for g, rows in self.waiting.items()}
+            self.dispatch.plan(prompts, sum(i.alive for i in self.instances))
 
-    def _draw_group(self, members: int, version: int) -> tuple[str, list[dict]]:
+    def _unrouted(self) -> list[str]:
+        """Groups drawn ahead that no instance has seen yet (saved so --resume draws them first)."""
+        return list(self.waiting) + (list(self.coordination.initial) if self.coordination is not None else [])
+
+    def _draw_group(self, version: int) -> tuple[str, list[dict]]:
         """The next prompt as a group id and its member rows (fresh trajectories on `version`)."""
         if self.replay:  # drawn before a checkpoint but never routed: drawn again first after --resume
             index = self.replay.popleft()
@@ -271,7 +272,7 @@ class Run:
         gid = f"g{index}"
         return gid, [{"group_id": gid, "index": m, "prompt": row["prompt"], "answer": row["answer"],
                       "prompt_ids": row["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
-                      "version": version, "versions_seen": []} for m in range(members)]
+                      "version": version, "versions_seen": []} for m in range(self.members)]
 
     def _reserve_group(self, gid: str, version: int) -> None:
         """The coordinator routes a group's first member to an instance on `version` (Algorithm 2)."""
@@ -281,11 +282,9 @@ class Run:
         if self.dispatch is not None:
             self.dispatch.routed(gid)
 
-    def _launch(self, row: dict, inst: Instance) -> None:
-        """A member is routed to `inst`; the first time, it joins its group with the group's reserved V_traj."""
+    def _launch(self, row: dict) -> None:
+        """A member is routed; the first time, it joins its group with the group's reserved V_traj."""
         gid, tid = row["group_id"], traj_id(row)
-        if self.dispatch is not None:
-            self.dispatch.check_lane(gid, inst.index, [i.index for i in self.instances if i.alive])
         if tid not in self.assembler.running(gid):
             self.assembler.launch(gid, tid, self.group_version[gid])
 
@@ -312,7 +311,7 @@ class Run:
                 self._abort_members(done.surplus)
                 # with the coordinator, members never routed leave the TS (they have no payload)
                 unrouted = self.coordination.forget_group(gid) if self.coordination is not None else set()
-                ids = (member_id(gid, m) for m in range(self.group_size + self.rollout["group_redundancy"]))
+                ids = (member_id(gid, m) for m in range(self.members))
                 members = [t for t in ids if t not in done.surplus and t not in unrouted]
                 self.group_version[gid] = done.version
                 self.trajectory_server.enqueue_group.remote(members)
@@ -557,9 +556,8 @@ class Run:
     def _checkpoint(self) -> None:
         ckpt = self.out_dir / "checkpoint"
         ckpt.mkdir(parents=True, exist_ok=True)
-        unrouted = list(self.waiting) + (list(self.coordination.initial) if self.coordination is not None else [])
         state = {"step": self.step, "cursor": self.cursor, "mlflow_run_id": self.tracker.run_id,
-                 "unrouted": [int(gid[1:]) for gid in unrouted],
+                 "unrouted": [int(gid[1:]) for gid in self._unrouted()],
                  "history": self.history, "staleness_all": self.staleness_all, "counts": self.counts}
         ray.get(self.trainer.save.remote(str(ckpt), {"step": self.step}))
         (self.out_dir / STATE_FILE).write_text(json.dumps(state))

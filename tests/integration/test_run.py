@@ -101,8 +101,8 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     from rlflow.runtime.driver import Run
 
     class Recording(Run):
-        def _draw_group(self, members, version):
-            gid, rows = super()._draw_group(members, version)
+        def _draw_group(self, version):
+            gid, rows = super()._draw_group(version)
             self.drawn = getattr(self, "drawn", []) + [gid]
             return gid, rows
 
@@ -208,8 +208,8 @@ def record_placements(run) -> list:
     """Every lane check the driver makes (it raises InvariantViolation on a group outside its lane)."""
     placed, check = [], run.dispatch.check_lane
 
-    def recording(gid, inst, alive):
-        check(gid, inst, alive)
+    def recording(gid, inst, lanes):
+        check(gid, inst, lanes)
         placed.append((run.dispatch.lane(gid), inst))
     run.dispatch.check_lane = recording
     return placed

@@ -53,12 +53,12 @@ def test_a_group_outside_its_lane_is_an_invariant_violation():
     d, _ = make(OracleRanker(LENGTHS))
     d.recent.extend(range(1, 11))
     d.plan(waiting(*LENGTHS), n_alive=4)
-    d.check_lane("gp10", 0, [0, 1, 2, 3])
-    d.check_lane("gp8", 3, [0, 1, 2, 3])
+    d.check_lane("gp10", 0, d.lanes([0, 1, 2, 3]))
+    d.check_lane("gp8", 3, d.lanes([0, 1, 2, 3]))
     with pytest.raises(InvariantViolation, match=r"group gp10 \(long lane, instances \[0\]\) was routed to instance 2"):
-        d.check_lane("gp10", 2, [0, 1, 2, 3])
+        d.check_lane("gp10", 2, d.lanes([0, 1, 2, 3]))
     with pytest.raises(InvariantViolation, match="regular lane"):
-        d.check_lane("gp8", 0, [0, 1, 2, 3])
+        d.check_lane("gp8", 0, d.lanes([0, 1, 2, 3]))
 
 
 def test_a_group_is_several_trajectories_on_one_instance():
@@ -79,7 +79,7 @@ def test_lanes_follow_the_alive_instances():
     assert d.lanes([1, 2, 3]) == [("long", frozenset({1}), 2), ("regular", frozenset({2, 3}), 8)]
     # one instance left: nothing to split, and a group already marked long-tail may still run there
     assert d.lanes([3]) == [("long", frozenset({3}), 8), ("regular", frozenset({3}), 8)]
-    d.check_lane("gp10", 3, [3])
+    d.check_lane("gp10", 3, d.lanes([3]))
 
 
 def test_the_learned_ranker_sends_the_prompts_it_learned_are_long_to_the_long_lane():
