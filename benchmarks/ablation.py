@@ -13,7 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rlflow.sim import CostProfile, LengthSpec, SimConfig, TrainerModel
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, TrainerModel
 from rlflow.sim.loop import Simulation
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlflow.operators.registry import make_policy
+from rlflow.operators.policy_kinds import make_policy
 
 OPS = ("reserve", "occupy", "consume", "verify")
 RESULTS = Path(__file__).parent / "results" / "staleness.md"

@@ -10,7 +10,8 @@ import platform
 import time
 from pathlib import Path
 
-from rlflow.sim import CostProfile, LengthSpec, SimConfig, TrainerModel, simulate
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, TrainerModel, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_speed.md"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rlflow.sim import simulate
-from rlflow.sim.closed_form import closed_form_config
+from rlflow.sim.slots import closed_form_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_validation.md"
 RHOS = (0.5, 0.75, 1.5, 2.0)  # exactly 1 is avoided: the formula switches branch there

@@ -3,7 +3,7 @@
 A policy decides which *group* (the S samples of one prompt; S = 1 for plain trajectories) may
 start generating with which policy version, and which completed groups a training step consumes.
 The Ray runtime and the simulator both drive policies only through this interface, so a pipeline
-switches policy by name (`make_policy` in operators/registry.py).
+switches policy by name (`make_policy` in operators/policy_kinds.py).
 
 Lifecycle of one group id, as every executor calls it:
 

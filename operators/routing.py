@@ -33,7 +33,7 @@ class CostModel:
 
     @classmethod
     def from_profile(cls, p) -> CostModel:
-        """From a CostProfile-like object (rlflow.sim.config.CostProfile or a profile dict)."""
+        """From a CostProfile-like object (operators/cost_profile.py's CostProfile or a profile dict)."""
         get = (lambda k: p[k]) if isinstance(p, dict) else (lambda k: getattr(p, k))
         return cls(get("k1"), get("k2"), get("k3"), get("k4"), get("k5"), get("kv_budget"), get("max_running"))
 

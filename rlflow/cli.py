@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
+from datetime import datetime, timezone
 
 from rlflow import __version__
 from rlflow.errors import PipelineInvalid
@@ -132,7 +134,7 @@ def _simulate(args) -> int:
 
 def _profile(args) -> int:
     from rlflow import registry
-    from rlflow.profile import fit_profile, measure_engine, write_profile
+    from rlflow.profile import fit_profile, machine, measure_engine, write_profile
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     model = (registry.resolve("model", args.model)(task=args.task) if args.model.startswith("builtin:") else args.model)
@@ -148,8 +150,12 @@ def _profile(args) -> int:
                                                           "pass more batch sizes, or a prompt with longer answers")]) from None
     if hasattr(engine, "close"):
         engine.close()
+    command = (f"rlflow profile --engine {args.engine} --model {args.model} --task {args.task} "
+               f"--prompt {shlex.quote(args.prompt)} --batch-sizes {args.batch_sizes} -o {args.output}")
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path = write_profile(fit, args.output, name=f"{args.engine}-{model.name if hasattr(model, 'name') else model}",
-                         source=f"rlflow profile --engine {args.engine} --model {args.model}",
+                         engine=args.engine, model=args.model,
+                         source=f"measured {when} by `{command}` on {machine()}; fit R^2 = {fit['r2']:.3f}",
                          max_running=max(sizes), kv_budget=max(sizes) * 512)
     print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()))
     print(f"wrote {path}")

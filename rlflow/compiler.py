@@ -71,7 +71,9 @@ def summary(plan: dict) -> str:
     """The plan as a person reads it before spending compute."""
     p = plan["pipeline"]
     lines = [f"pipeline '{plan['name']}' from {plan['source']}" + (f"  (overrides: {' '.join(plan['overrides'])})" if plan["overrides"] else "")]
-    lines.append(f"  model {p['model']['path']} ({p['model']['dtype']}, max_model_len {p['model']['max_model_len']}); data {p['data']['source']}")
+    tasks = plan["tasks"]
+    data = p["data"]["source"] or f"{len(tasks)} task types"
+    lines.append(f"  model {p['model']['path']} ({p['model']['dtype']}, max_model_len {p['model']['max_model_len']}); data {data}")
     rows = [["stage", "kind", "settings", "resources"]]
     for name in plan["graph"]["order"]:
         if name not in p["stages"]:
@@ -93,7 +95,14 @@ def summary(plan: dict) -> str:
     from rlflow.draw import _policy_label
 
     for e in plan["graph"]["edges"]:
-        rows.append([f"{e['from']} -> {e['to']}" + ("  (back edge)" if e["back"] else ""), _policy_label(e["policy"])])
+        rows.append([f"{e['from']} -> {e['to']}" + ("  (back edge)" if e["back"] else ""),
+                     _policy_label(e["policy"]) + (f"  tasks: {', '.join(e['tasks'])}" if e.get("tasks") else "")])
+    lines += ["", *_table(rows)]
+    rows = [["task", "route", "source"]]
+    for name, t in tasks.items():
+        route = f"{t['rollout']} -> {t['reward']}" + (f" [{t['filter']}]" if t["filter"] else "")
+        share = f", weight {t['weight']:g}" if len(tasks) > 1 else ""
+        rows.append([f"{name}:", route, f"{t['source']}{share}" + (f", limit {t['limit']}" if t["limit"] else "")])
     lines += ["", *_table(rows)]
     c = plan["control"]["staleness"]
     params = ", ".join(f"{k}={v}" for k, v in c.items() if k != "kind" and v not in (None, 0) or k == "eta" and v == 0)

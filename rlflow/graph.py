@@ -1,11 +1,13 @@
 """Pipeline -> networkx graph, and the rules the graph and its policies must keep (ARCHITECTURE.md §3).
 
 Every check appends Problems; nothing raises until all rules ran, so one compile shows every error.
+The rules reject what the runtime cannot run (SHAPES); task-type routing rules are in rlflow/task_routes.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -13,9 +15,20 @@ import networkx as nx
 from rlflow import registry
 from rlflow.errors import Problem, did_you_mean
 from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
+from rlflow.task_routes import BACK_EDGE, check_tasks, kind_of
 
-BACK_EDGE = "weight_sync"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+#: the data edges the runtime executes, as (source kind, target kind); train -> rollout is the weight_sync back edge
+SHAPES = {("data", "rollout"), ("rollout", "reward"), ("reward", "buffer"), ("reward", "train"), ("buffer", "train")}
+SHAPES_TEXT = "data -> rollout, rollout -> reward, reward -> buffer or train, buffer -> train, train -> rollout (weight_sync)"
+#: rules about an edge's ends; another rule on the same edge would only echo them
+EDGE_SHAPE_RULES = {"unknown-stage", "self-loop", "edge-into-data", "duplicate-edge", "bad-weight-sync", "train-out-edge",
+                    "data-not-to-rollout", "cycle", "unsupported-edge"}
+#: graph problems after which task routing would only echo them
+STRUCTURAL_RULES = EDGE_SHAPE_RULES | {"reserved-name", "no-train", "two-train-stages", "no-rollout", "unreachable-train",
+                                       "unreachable-stage", "dead-end-stage", "no-reward", "data-source-or-tasks"}
 
 
 def build_graph(spec: Pipeline) -> nx.DiGraph:
@@ -29,13 +42,13 @@ def build_graph(spec: Pipeline) -> nx.DiGraph:
         g.add_node(name, kind=stage.kind)
     trains = set(stages_of(spec, "train"))
     for i, e in enumerate(spec.edges):
-        back = e.policy.kind == BACK_EDGE
+        back = e.policy.kind == BACK_EDGE and e.from_ != DATA_NODE  # weight_sync out of data: a data edge, reported as such
         # Self-loops, edges into data and data edges out of train get their own errors; kept out of
         # the graph so they do not also show up as cycles.
         if e.from_ == e.to or e.to == DATA_NODE or (e.from_ in trains and not back):
             continue
         if e.from_ in g and e.to in g and not g.has_edge(e.from_, e.to):
-            g.add_edge(e.from_, e.to, index=i, policy=e.policy.kind, back=e.policy.kind == BACK_EDGE)
+            g.add_edge(e.from_, e.to, index=i, policy=e.policy.kind, back=back)
     return g
 
 
@@ -51,13 +64,21 @@ def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
     g = build_graph(spec)
     # An edge to an unknown stage disconnects the graph; reachability errors would only echo it.
     _check_shape(spec, g, problems, connectivity=not dangling)
+    _check_edge_shapes(spec, g, problems, skip=dangling)
     _check_policies(spec, problems, skip=dangling)
+    _check_data(spec, base_dir, problems)
+    check_tasks(spec, problems, dangling, edge_rules=EDGE_SHAPE_RULES, structural_rules=STRUCTURAL_RULES)
     _check_components(spec, base_dir, problems)
+    _check_profiles(spec, base_dir, problems)
     return problems
 
 
 def stages_of(spec: Pipeline, kind: str) -> list[str]:
     return [n for n, s in spec.stages.items() if s.kind == kind]
+
+
+def _edge_reported(problems: list[Problem], i: int, rules=EDGE_SHAPE_RULES) -> bool:
+    return any(p.loc[:2] == ("edges", i) and p.rule in rules for p in problems)
 
 
 def _check_names(spec: Pipeline, problems: list[Problem]) -> set[int]:
@@ -106,7 +127,7 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], connect
     for i, e in enumerate(spec.edges):
         if e.policy.kind == BACK_EDGE:
             src, dst = spec.stages.get(e.from_), spec.stages.get(e.to)
-            if (src and src.kind != "train") or (dst and dst.kind != "rollout"):
+            if e.from_ == DATA_NODE or (src and src.kind != "train") or (dst and dst.kind != "rollout"):
                 problems.append(Problem(("edges", i), f"weight_sync {e.from_} -> {e.to}: weights flow from the train stage to a rollout stage",
                                         "bad-weight-sync", "use from: <train stage>, to: <rollout stage>"))
         elif e.from_ in spec.stages and spec.stages[e.from_].kind == "train":
@@ -149,7 +170,7 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], connect
         problems.append(Problem(("edges", i), f"second edge into train ({e.from_} -> {train}); train takes batches from one stage",
                                 "two-train-inputs", "merge the inputs in a buffer stage"))
     for r in rollouts:
-        syncs = [i for i, e in enumerate(spec.edges) if e.to == r and e.policy.kind == BACK_EDGE]
+        syncs = [i for i, e in enumerate(spec.edges) if e.to == r and e.policy.kind == BACK_EDGE and e.from_ != DATA_NODE]
         if not syncs:
             problems.append(Problem(("stages", r), f"rollout '{r}' never receives new weights",
                                     "no-weight-sync", f"add an edge {{from: {train}, to: {r}, policy: {{kind: weight_sync}}}}"))
@@ -193,13 +214,18 @@ def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> 
             if src is not None or (e.to in spec.stages and spec.stages[e.to].kind != "rollout"):
                 problems.append(Problem(loc, f"skew-aware dispatch needs a data -> rollout edge, not {e.from_} -> {e.to}",
                                         "dispatch-placement", "put it on the edge from data to a rollout stage"))
-            _component(problems, "ranker", p.ranker, loc + ("ranker",))
+            if p.ranker == "oracle":
+                problems.append(Problem(loc + ("ranker",), "ranker 'oracle' needs each prompt's true length before generation, "
+                                        "which only the simulator's synthetic lengths give; `rlflow run` cannot run it",
+                                        "oracle-ranker-not-runnable", "use ranker: learned (rlflow simulate models a learned ranker as a noisy oracle)"))
+            else:
+                _component(problems, "ranker", p.ranker, loc + ("ranker",))
         if p.kind == "streaming" and p.filter is not None:
             _component(problems, "filter", p.filter, loc + ("filter",))
             if src is None or src.kind != "reward":
                 problems.append(Problem(loc + ("filter",), f"filters act on rewarded groups, but '{e.from_}' is not a reward stage",
                                         "filter-placement", "put the filter on the edge out of a reward stage"))
-            elif p.filter == "drop_uniform_groups" and any(spec.stages[r].group_size == 1 for r in stages_of(spec, "rollout")):
+            elif p.filter == "drop_uniform_groups" and any(spec.stages[r].group_size == 1 for r in _rollouts_into(spec, e.from_)):
                 problems.append(Problem(loc + ("filter",), "drop_uniform_groups with group_size 1 drops every group",
                                         "filter-drops-all", "raise the rollout's group_size, or remove the filter"))
         if p.kind == BACK_EDGE and e.to in spec.stages and spec.stages[e.to].kind == "rollout":
@@ -214,6 +240,12 @@ def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> 
     if batch_groups(spec) is None:
         problems.append(Problem(("stages",), "no batch size: nothing says how many groups a training step takes",
                                 "no-batch-size", "add a buffer stage with batch_groups, or set data.prompts_per_step"))
+
+
+def _rollouts_into(spec: Pipeline, reward: str) -> list[str]:
+    """The rollout stages with an edge into `reward` (all rollout stages when none has)."""
+    feeding = [e.from_ for e in spec.edges if e.to == reward and kind_of(spec, e.from_) == "rollout"]
+    return feeding or stages_of(spec, "rollout")
 
 
 def _consume_policy(spec: Pipeline):
@@ -248,6 +280,7 @@ def resolve_path(ref: str, base_dir: Path) -> Path | None:
 
 
 def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    rollouts = stages_of(spec, "rollout")
     for name, stage in spec.stages.items():
         loc = ("stages", name)
         if stage.kind == "rollout":
@@ -255,13 +288,6 @@ def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -
             if stage.max_new_tokens >= spec.model.max_model_len:
                 problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
                                         "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
-            prof = stage.coordinator.profile
-            if prof is not None and resolve_path(prof, base_dir) is None:
-                problems.append(Problem(loc + ("coordinator", "profile"), f"no such profile file '{prof}'", "missing-file",
-                                        "see configs/profiles/, or write one with `rlflow profile`"))
-            if stage.coordinator.routing == "cost_model" and prof is None:
-                problems.append(Problem(loc + ("coordinator", "profile"), "cost_model routing needs a cost-model profile",
-                                        "routing-needs-profile", "set profile: configs/profiles/<engine>.json"))
         elif stage.kind == "reward":
             _component(problems, "reward", stage.fn, loc + ("fn",))
         elif stage.kind == "train":
@@ -270,19 +296,13 @@ def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -
                 problems.append(Problem(loc + ("deepspeed",), f"no such DeepSpeed config '{stage.deepspeed}'", "missing-file",
                                         "use one of configs/deepspeed/*.json"))
             else:
-                try:
-                    json.loads(path.read_text())
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                    problems.append(Problem(loc + ("deepspeed",), f"'{stage.deepspeed}' is not valid JSON ({err})", "bad-json",
-                                            "fix the file"))
-    src = spec.data.source
-    if src.startswith("builtin:"):
-        _component(problems, "task", src, ("data", "source"))
-    elif not src.endswith(DATA_SUFFIXES):
-        problems.append(Problem(("data", "source"), f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
-                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
-    elif resolve_path(src, base_dir) is None:
-        problems.append(Problem(("data", "source"), f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
+                _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
+    for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
+        first, t = rollouts[0], spec.stages[name].temperature
+        if t != spec.stages[first].temperature:
+            problems.append(Problem(("stages", name, "temperature"), f"rollout '{name}' samples at temperature {t:g} but '{first}' at "
+                                    f"{spec.stages[first].temperature:g}; the trainer recomputes log-probs at one temperature",
+                                    "temperatures-differ", "use one temperature in every rollout stage"))
     mp = spec.model.path
     if mp.startswith("builtin:"):
         _component(problems, "model", mp, ("model", "path"))
@@ -291,3 +311,128 @@ def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -
         if path is None or not (path / "config.json").exists():
             problems.append(Problem(("model", "path"), f"'{mp}' is not a local Hugging Face model directory (no config.json)",
                                     "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))
+
+
+def _read_json(path: Path, ref: str, loc: tuple, problems: list[Problem]):
+    """The parsed file, or None with a bad-json problem."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        problems.append(Problem(loc, f"'{ref}' is not valid JSON ({err})", "bad-json", "fix the file"))
+        return None
+
+
+# --------------------------------------------------------------------------- edge shapes the runtime runs
+
+
+def _check_edge_shapes(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], skip: set[int]) -> None:
+    """Every data edge is one of SHAPES, unless a rule about its ends already reported it."""
+    dg = data_graph(g)
+    in_cycle = set()
+    if dg.number_of_nodes() and not nx.is_directed_acyclic_graph(dg):
+        in_cycle = {g.edges[u, v]["index"] for u, v in nx.find_cycle(dg)}  # the cycle rule reports this one
+    no_reward = {p.loc[1] for p in problems if p.rule == "no-reward"}
+    two_buffers = any(p.rule == "two-buffers" for p in problems)
+    for i, e in enumerate(spec.edges):
+        src, dst = kind_of(spec, e.from_), kind_of(spec, e.to)
+        if (i in skip or e.policy.kind == BACK_EDGE or src in (None, "data", "train") or dst in (None, "data")
+                or e.from_ == e.to or i in in_cycle or _edge_reported(problems, i)
+                or (src == "rollout" and dst in ("buffer", "train") and e.from_ in no_reward)
+                or (src == dst == "buffer" and two_buffers)):
+            continue
+        if (src, dst) in SHAPES:
+            continue
+        if src == dst == "reward":
+            why, out = ": two reward stages in sequence", "score each task in one reward stage (one fn may combine checks)"
+        elif src == dst == "rollout":
+            why, out = "", "give each task its own rollout stage, routed from data with tasks: [...]"
+        else:
+            why, out = "", f"reconnect '{e.from_}' into one of those shapes"
+        problems.append(Problem(("edges", i), f"edge {e.from_} -> {e.to} is {src} -> {dst}{why}, not a shape the runtime runs",
+                                "unsupported-edge", f"the runtime runs {SHAPES_TEXT}; {out}"))
+
+
+# --------------------------------------------------------------------------- data and task types
+
+
+def _check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    d = spec.data
+    if d.source is not None and d.tasks is not None:
+        problems.append(Problem(("data",), "data sets both source and tasks", "data-source-or-tasks",
+                                "keep source for one task type, or list every source under tasks: {<name>: {source: ...}}"))
+    elif d.source is None and d.tasks is None:
+        problems.append(Problem(("data",), "data has neither source nor tasks", "data-source-or-tasks",
+                                "set data.source: builtin:arith, or data.tasks: {<name>: {source: ...}, ...}"))
+    if d.source is not None:
+        _check_source(d.source, ("data", "source"), base_dir, problems)
+    for name, task in (d.tasks or {}).items():
+        if not TASK_NAME.match(name):
+            problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
+                                    "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
+        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems)
+    if d.tasks is not None:
+        for field in ("limit", "prompt_field", "answer_field"):
+            if field in d.model_fields_set:
+                problems.append(Problem(("data", field), f"data.{field} applies to data.source; with data.tasks each task has its own",
+                                        "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))
+
+
+def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem]) -> None:
+    if src.startswith("builtin:"):
+        _component(problems, "task", src, loc)
+    elif not src.endswith(DATA_SUFFIXES):
+        problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
+                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
+    elif resolve_path(src, base_dir) is None:
+        problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
+
+
+# --------------------------------------------------------------------------- cost-model profiles
+
+
+def _profile_users(spec: Pipeline, name: str) -> list[str]:
+    """What in rollout stage `name`'s coordination decides by the cost-model profile."""
+    c = spec.stages[name].coordinator
+    users = ["cost_model routing"] if c.routing == "cost_model" else []
+    if c.migration != "none":
+        users.append(f"{c.migration} migration")
+    if any(e.from_ == DATA_NODE and e.to == name and e.policy.kind == "skew_aware_dispatch" for e in spec.edges):
+        users.append("skew-aware dispatch")  # weighs predicted lengths by the profile's per-token latency
+    return users
+
+
+def _same_model(profile_model, path: str) -> bool:
+    return profile_model == path or (not path.startswith("builtin:") and profile_model == Path(path).name)
+
+
+def _check_profiles(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    """A profile where coordination needs one, measured on this stage's engine and the pipeline's model."""
+    model = spec.model.path
+    for name in stages_of(spec, "rollout"):
+        stage, loc = spec.stages[name], ("stages", name, "coordinator", "profile")
+        prof, users = stage.coordinator.profile, _profile_users(spec, name)
+        measure = f"`rlflow profile --engine {stage.engine} --model {model} -o configs/profiles/<name>.json`"
+        path = resolve_path(prof, base_dir) if prof is not None else None
+        if prof is not None and path is None:
+            problems.append(Problem(loc, f"no such profile file '{prof}'", "missing-file",
+                                    f"see configs/profiles/, or measure one with {measure}"))
+        if not users or (prof is not None and path is None):
+            continue
+        if prof is None:
+            rule = ("routing-needs-profile" if users[0].endswith("routing") else
+                    "migration-needs-profile" if users[0].endswith("migration") else "dispatch-needs-profile")
+            also = f" (so do{'es' * (len(users) == 2)} {' and '.join(users[1:])})" if len(users) > 1 else ""
+            problems.append(Problem(loc, f"{users[0]} needs a cost-model profile{also}", rule,
+                                    f"set profile: configs/profiles/<engine>.json (measure one with {measure})"))
+            continue
+        raw = _read_json(path, prof, loc, problems)
+        if raw is None or stage.coordinator.allow_foreign_profile:
+            continue
+        engine, measured = (raw.get("engine"), raw.get("model")) if isinstance(raw, dict) else (None, None)
+        if engine == stage.engine and _same_model(measured, model):
+            continue
+        said = (f"was measured on engine '{engine}' with model '{measured}'" if engine is not None and measured is not None
+                else 'does not say which engine and model it was measured on (no "engine" / "model" keys)')
+        problems.append(Problem(loc, f"profile '{prof}' {said}, but rollout '{name}' runs engine '{stage.engine}' with model '{model}': "
+                                f"its {' and '.join(users)} would decide by speeds measured elsewhere", "profile-mismatch",
+                                f"measure one with {measure}, or set stages.{name}.coordinator.allow_foreign_profile: true"))

@@ -1,8 +1,9 @@
 """Validated pipeline -> physical plan: versioned JSON with every default resolved (ARCHITECTURE.md §3).
 
-The plan names the Ray actors and their resources, the Ray Data operators, the control-plane
-policies with their parameters, and the closed-form staleness prediction when it applies.
-Executors (`rlflow run`, `rlflow simulate`) read only the plan.
+The plan names each task type and its route, the Ray actors with their resources and constructor
+arguments, the Ray Data operators, the control-plane policies with their parameters, and the
+closed-form staleness prediction when it applies. Executors (`rlflow run`, `rlflow simulate`) read
+only the plan.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from pathlib import Path
 import networkx as nx
 
 from rlflow import __version__
-from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
-from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
+from rlflow.graph import (
+    BACK_EDGE,
+    batch_groups,
+    build_graph,
+    data_graph,
+    resolve_path,
+    stages_of,
+)
+from rlflow.schema import CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
+from rlflow.task_routes import task_routes
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 def staleness_control(spec: Pipeline) -> dict:
@@ -59,35 +68,68 @@ def predict(spec: Pipeline, control: dict) -> dict:
             "batch_samples": control["batch_size"] * group, "queue_factor": q}
 
 
-def _actors(spec: Pipeline) -> list[dict]:
+def _tasks(spec: Pipeline, base_dir: Path) -> dict[str, dict]:
+    """Each task type: where its prompts come from and the rollout, reward and filter they flow through."""
+    d = spec.data
+    sources = d.tasks or {MAIN_TASK: TaskSource(source=d.source, limit=d.limit, prompt_field=d.prompt_field,
+                                                  answer_field=d.answer_field)}
+    routes = task_routes(spec)
+    out = {}
+    for name, t in sources.items():
+        src = t.source if t.source.startswith("builtin:") else str(resolve_path(t.source, base_dir) or t.source)
+        out[name] = {"source": src, "weight": t.weight, "limit": t.limit, "prompt_field": t.prompt_field,
+                     "answer_field": t.answer_field, **routes[name]}
+    return out
+
+
+def _tasks_of(tasks: dict[str, dict], role: str, stage: str) -> list[str]:
+    return [t for t, route in tasks.items() if route[role] == stage]
+
+
+def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict]:
     actors = []
-    for name in stages_of(spec, "rollout"):
+    rollouts = stages_of(spec, "rollout")
+    for name in rollouts:
         s = spec.stages[name]
+        engine_kwargs = {"max_running": s.max_running, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                         "top_p": s.top_p, "seed": spec.seed, "dtype": spec.model.dtype, "max_model_len": spec.model.max_model_len}
         for r in range(s.replicas):
-            actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "engine": s.engine,
-                           "num_cpus": s.num_cpus, "num_gpus": s.num_gpus})
+            actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
+                           "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
+                           "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
-        actors.append({"name": name, "role": "trainer", "stage": name, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus})
+        ds = resolve_path(s.deepspeed, base_dir)
+        trainer_kwargs = {"lr": s.lr, "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
+                          "max_importance_ratio": s.max_importance_ratio,
+                          # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
+                          "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed}
+        actors.append({"name": name, "role": "trainer", "stage": name, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
+                       "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
+                       "steps": s.steps, "checkpoint_every": s.checkpoint_every})
     # control-plane servers: light, so they take a sliver of a CPU
     actors.append({"name": "trajectory-server", "role": "trajectory_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     return actors
 
 
-def _operators(spec: Pipeline) -> list[dict]:
-    """Ray Data streaming operators, in data-flow order."""
-    ops = [{"name": "read_prompts", "kind": "read", "source": spec.data.source}]
-    for name in stages_of(spec, "reward"):
+def _operators(spec: Pipeline, tasks: dict[str, dict], order: list[str]) -> list[dict]:
+    """Ray Data streaming operators, in data-flow order: a reader per task, a map per reward stage, a filter per filtered edge."""
+    ops = [{"name": f"read:{t}", "kind": "read", "task": t, **{k: task[k] for k in ("source", "weight", "limit", "prompt_field", "answer_field")},
+            "seed": spec.data.seed, "to": task["rollout"]} for t, task in tasks.items()]
+    rewards = [n for n in order if n in stages_of(spec, "reward")]
+    for name in rewards:
         s = spec.stages[name]
-        ops.append({"name": name, "kind": "map", "fn": s.fn, "concurrency": s.concurrency, "num_cpus": s.num_cpus})
-    for e in spec.edges:
-        if e.policy.kind == "streaming" and e.policy.filter:
-            ops.append({"name": f"filter:{e.from_}->{e.to}", "kind": "filter", "fn": e.policy.filter})
+        ops.append({"name": name, "kind": "reward", "stage": name, "fn": s.fn, "tasks": _tasks_of(tasks, "reward", name),
+                    "concurrency": s.concurrency, "num_cpus": s.num_cpus})
+    for name in rewards:
+        for e in spec.edges:
+            if e.from_ == name and e.policy.kind == "streaming" and e.policy.filter:
+                ops.append({"name": f"filter:{name}->{e.to}", "kind": "filter", "after": name, "fn": e.policy.filter})
     return ops
 
 
-def _coordination(spec: Pipeline, base_dir: Path) -> dict:
+def _coordination(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> dict:
     out = {}
     for name in stages_of(spec, "rollout"):
         s = spec.stages[name]
@@ -98,10 +140,12 @@ def _coordination(spec: Pipeline, base_dir: Path) -> dict:
             "routing": s.coordinator.routing,
             "migration": s.coordinator.migration,
             "profile": str(profile) if profile else None,
+            "allow_foreign_profile": s.coordinator.allow_foreign_profile,
             "interval_s": s.coordinator.interval_s,
             "mu": s.coordinator.mu, "phi_wait": s.coordinator.phi_wait, "phi_throughput": s.coordinator.phi_throughput,
             "weight_sync": {"mode": sync.mode, "partial_rollout": sync.partial_rollout} if sync else None,
             "dispatch": dispatch.model_dump(mode="json") if dispatch else {"kind": "round_robin"},
+            "tasks": _tasks_of(tasks, "rollout", name),
         }
     return out
 
@@ -111,14 +155,16 @@ def lower(spec: Pipeline, *, source: str, text: str, overrides: list[str], base_
     g = build_graph(spec)
     order = _topo(g)
     control = staleness_control(spec)
-    actors, operators = _actors(spec), _operators(spec)
+    tasks = _tasks(spec, base_dir)
+    actors, operators = _actors(spec, tasks, base_dir), _operators(spec, tasks, order)
     resolved = spec.model_dump(mode="json", by_alias=True)
     for name in stages_of(spec, "train"):
         ds = resolve_path(spec.stages[name].deepspeed, base_dir)
         resolved["stages"][name]["deepspeed"] = str(ds) if ds else spec.stages[name].deepspeed
-    src = spec.data.source
-    if not src.startswith("builtin:"):
-        resolved["data"]["source"] = str(resolve_path(src, base_dir) or src)
+    if spec.data.source is not None:
+        resolved["data"]["source"] = tasks[MAIN_TASK]["source"]
+    for name in spec.data.tasks or {}:
+        resolved["data"]["tasks"][name]["source"] = tasks[name]["source"]
     if not spec.model.path.startswith("builtin:"):
         resolved["model"]["path"] = str(resolve_path(spec.model.path, base_dir) or spec.model.path)
     return {
@@ -132,12 +178,13 @@ def lower(spec: Pipeline, *, source: str, text: str, overrides: list[str], base_
         "graph": {
             "order": order,
             "nodes": [{"name": n, "kind": g.nodes[n]["kind"]} for n in order],
-            "edges": [{"from": e.from_, "to": e.to, "policy": e.policy.model_dump(mode="json"), "back": e.policy.kind == BACK_EDGE}
-                      for e in spec.edges],
+            "edges": [{"from": e.from_, "to": e.to, "policy": e.policy.model_dump(mode="json"), "back": e.policy.kind == BACK_EDGE,
+                       "tasks": e.tasks} for e in spec.edges],
         },
+        "tasks": tasks,
         "actors": actors,
         "data_operators": operators,
-        "control": {"staleness": control, "coordination": _coordination(spec, base_dir)},
+        "control": {"staleness": control, "coordination": _coordination(spec, tasks, base_dir)},
         "prediction": predict(spec, control),
         "resources": {
             "num_cpus": round(sum(a["num_cpus"] for a in actors) + sum(o.get("num_cpus", 0) * o.get("concurrency", 1) for o in operators), 3),

@@ -10,6 +10,7 @@ configs/profiles/ format, so cost-model routing and the simulator work on any en
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +104,30 @@ def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 3
     return samples
 
 
-def write_profile(fit: dict, path: str | Path, *, name: str, source: str, max_running: int, kv_budget: float) -> Path:
-    """Write a configs/profiles/ JSON; values the fit does not give are stated as assumptions."""
+def machine() -> str:
+    """The machine a profile was measured on, in words: CPU cores this process may use, and its GPU if any."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    except ImportError:
+        gpu = "no GPU"
+    return f"{cores} CPU cores, {gpu}"
+
+
+def write_profile(fit: dict, path: str | Path, *, name: str, engine: str, model: str, source: str, max_running: int,
+                  kv_budget: float) -> Path:
+    """Write a configs/profiles/ JSON; values the fit does not give are stated as assumptions.
+
+    `engine` (registry name) and `model` (the path the engine loaded) say what was measured, so a pipeline
+    naming this profile can be checked against its own engine and model.
+    """
     path = Path(path)
     doc = {
         "name": name,
+        "engine": engine,
+        "model": model,
         "source": source,
         "latency": "per decode step: k1 * kv_cache + max(k2, k3 * n) + k4 seconds",
         **{k: {"value": fit[k], "from": "rlflow profile (least squares)"} for k in ("k1", "k2", "k3", "k4")},

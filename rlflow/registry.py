@@ -26,9 +26,10 @@ TASKS = {
     "builtin:arith": "rlflow.stages.tasks:arith",
     "builtin:repeat": "rlflow.stages.tasks:repeat",
 }
+# No `oracle`: it needs true lengths before generation, which only the simulator's synthetic lengths
+# give (rlflow/graph.py rejects it by name); benchmarks use operators.length_ranker.OracleRanker directly.
 RANKERS = {
     "learned": "rlflow.operators.length_ranker:OnlineLengthRanker",
-    "oracle": "rlflow.operators.length_ranker:OracleRanker",
 }
 MODELS = {
     "builtin:tiny-llama": "rlflow.stages.tiny_model:build_tiny_llama",

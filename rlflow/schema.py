@@ -2,7 +2,7 @@
 
 Imports pydantic only: validation runs anywhere, fast, without torch, ray, vllm or deepspeed.
 Every field's docstring becomes its description in `rlflow schema` (editor completion).
-Cross-stage rules (graph shape, which policy fits which edge) live in rlflow/checks.py.
+Cross-stage rules (graph shape, which policy fits which edge, task routing) live in rlflow/graph.py.
 """
 
 from __future__ import annotations
@@ -36,19 +36,39 @@ class ModelSpec(Strict):
     """Longest prompt + completion, in tokens; longer prompts are rejected with a clear error."""
 
 
-class DataSpec(Strict):
-    """Where prompts come from (read with Ray Data)."""
+MAIN_TASK = "main"  # the task name of `data.source` (a pipeline with one task type)
+
+
+class TaskSource(Strict):
+    """One task type's prompts (an entry of `data.tasks`; the key is the task name)."""
 
     source: str
     """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
-    prompts_per_step: PositiveInt | None = None
-    """Prompts (groups) per training step when no buffer stage sets `batch_groups`."""
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """Share of prompts drawn for this task, relative to the other tasks' weights."""
+    limit: PositiveInt | None = None
+    """Read at most this many of this task's prompts (cycled when training needs more)."""
     prompt_field: str = "prompt"
     """Column holding the prompt text."""
     answer_field: str = "answer"
-    """Column holding the reference answer the reward function checks against."""
+    """Column holding the reference answer this task's reward function checks against."""
+
+
+class DataSpec(Strict):
+    """Where prompts come from (read with Ray Data): one `source`, or several named `tasks`."""
+
+    source: str | None = None
+    """One task type (named `main`): `builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
+    tasks: Annotated[dict[str, TaskSource], Field(min_length=1)] | None = None
+    """Several task types, by name; edges route each to its rollout and reward stages (set this or `source`)."""
+    prompts_per_step: PositiveInt | None = None
+    """Prompts (groups) per training step when no buffer stage sets `batch_groups`."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text (with `source`; each of `tasks` has its own)."""
+    answer_field: str = "answer"
+    """Column holding the reference answer the reward function checks against (with `source`; each of `tasks` has its own)."""
     limit: PositiveInt | None = None
-    """Read at most this many prompts (cycled when training needs more)."""
+    """Read at most this many prompts (cycled when training needs more); with `source` (each of `tasks` has its own)."""
     seed: int = 0
     """Seed for built-in task generation and shuffling."""
 
@@ -112,7 +132,9 @@ class CoordinatorSpec(Strict):
     migration: Literal["none", "threshold", "repack"] = "none"
     """none; threshold: StaleFlow's phi_wait/phi_throughput migration; repack: Laminar's consolidation."""
     profile: str | None = None
-    """Cost-model profile JSON (configs/profiles/...), needed by cost_model routing."""
+    """Cost-model profile JSON (configs/profiles/...), needed by cost_model routing, threshold / repack migration and skew-aware dispatch."""
+    allow_foreign_profile: bool = False
+    """Use a profile measured on another engine or model; the decisions are then only as good as the match."""
     interval_s: Annotated[float, Field(gt=0)] = 0.5
     """Seconds between snapshots."""
     mu: Annotated[float, Field(ge=0, le=1)] = 0.3
@@ -264,7 +286,7 @@ class SkewAwareDispatch(Strict):
     long_tail_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     """Share of prompts (by predicted length rank) treated as long-tail (alpha)."""
     ranker: str = "learned"
-    """Length ranker: `learned` (refit online from completed lengths), `oracle` (experiments), or `package.module:cls`."""
+    """Length ranker: `learned` (refit online from completed lengths) or `package.module:cls`."""
 
 
 class WeightSync(Strict):
@@ -295,6 +317,8 @@ class Edge(Strict):
     """Target stage name."""
     policy: Policy
     """What happens on this edge; chosen by `kind`."""
+    tasks: Annotated[list[str], Field(min_length=1)] | None = None
+    """Task types that flow on this edge (data -> rollout and rollout -> reward edges only); default: all that reach its source."""
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -308,7 +332,7 @@ class Pipeline(Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The policy model."""
     data: DataSpec
-    """The prompt source."""
+    """The prompt source: one `source`, or several named `tasks`."""
     stages: Annotated[dict[str, Stage], Field(min_length=1)]
     """Stages by name; each has a `kind`: rollout, reward, buffer or train."""
     edges: Annotated[list[Edge], Field(min_length=1)]

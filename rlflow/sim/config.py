@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
+
+from rlflow.operators.cost_profile import CostProfile
 
 MODES = ("slots", "cost_model")
 LENGTH_KINDS = ("fixed", "lognormal", "file")
@@ -12,7 +12,6 @@ WEIGHT_SYNC = ("global", "per_instance", "greedy", "throughput_aware")
 ROUTING = ("least_loaded", "cost_model")
 MIGRATION = ("none", "threshold", "repack")
 DISPATCH = ("none", "skew_aware")
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
 
 
 class SimConfigError(ValueError):
@@ -40,47 +39,6 @@ class LengthSpec:
             raise SimConfigError(f"lengths.tailness: must be >= 0, got {self.tailness}")
         if self.cap is not None and self.cap < 1:
             raise SimConfigError(f"lengths.cap: must be >= 1 token, got {self.cap}")
-
-
-@dataclass(frozen=True)
-class CostProfile:
-    """Per-instance rollout cost model (StaleFlow Appendix B) plus the costs the paper leaves out."""
-
-    name: str
-    k1: float  # s per KV unit per decode step (attention reads the KV cache)
-    k2: float  # s per decode step, matmul memory-bound floor
-    k3: float  # s per running trajectory per decode step, matmul compute-bound slope
-    k4: float  # s per decode step, other overheads
-    k5: float  # KV units per token held
-    kv_budget: float  # M, KV units an instance may hold; beyond it work waits
-    max_running: int  # engine cap on running trajectories (vLLM max_num_seqs)
-    prefill_s_per_token: float  # prefill / re-prefill cost; stalls the instance's decoding
-    pull_s: float  # weight pull; stalls the instance's decoding
-
-    def step_latency(self, kv_units: float, running: int) -> float:
-        """Eq. 11: k1 * kv_cache + max(k2, k3 * n) + k4."""
-        return self.k1 * kv_units + max(self.k2, self.k3 * running) + self.k4
-
-    @property
-    def kv_tokens(self) -> float:
-        """KV budget expressed in tokens held."""
-        return self.kv_budget / self.k5
-
-    @classmethod
-    def load(cls, name_or_path: str | Path) -> CostProfile:
-        """Read a profile JSON; a bare name is looked up in configs/profiles/. Doc keys are ignored."""
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PROFILE_DIR / f"{name_or_path}.json"
-        if not path.exists():
-            raise SimConfigError(f"profile: no file {path}; shipped: {sorted(p.stem for p in PROFILE_DIR.glob('*.json'))}")
-        raw = json.loads(path.read_text())
-        known = {f.name for f in fields(cls)}
-        values = {k: v["value"] if isinstance(v, dict) else v for k, v in raw.items() if k in known}
-        missing = known - set(values)
-        if missing:
-            raise SimConfigError(f"profile {path}: missing {sorted(missing)}")
-        return cls(**values)
 
 
 @dataclass(frozen=True)

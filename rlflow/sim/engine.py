@@ -14,7 +14,7 @@ import math
 from collections import deque
 from itertools import count
 
-from rlflow.sim.config import CostProfile
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim.trajectories import Sample
 
 # Admission keeps 1% of the KV budget free, as vLLM's block-manager watermark does; a preemption

@@ -19,7 +19,7 @@ from rlflow.operators.coordinator import CoordinationConfig, Coordinator
 from rlflow.operators.dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
-from rlflow.sim.config import CostProfile
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim.engine import Instance
 from rlflow.sim.trajectories import Group
 

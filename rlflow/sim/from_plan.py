@@ -6,69 +6,32 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from rlflow.operators.coordinator import CoordinationConfig
-from rlflow.sim.config import CostProfile, LengthSpec, SimConfig, TrainerModel
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.plan_read import PlanCoordination, rollout_stages, stage_coordination
+from rlflow.plan_read import load_profile as read_profile
+from rlflow.sim.config import LengthSpec, SimConfig, TrainerModel
 from rlflow.sim.lengths import expected_length
 
 DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
 
 
 def _rollout(plan: dict) -> tuple[str, dict]:
-    return next((n, s) for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "rollout")
-
-
-@dataclass(frozen=True)
-class PlanCoordination:
-    """A plan's rollout-coordination choices (staleflow.txt §5.3), read once for the simulator and `rlflow run`."""
-
-    routing: str  # least_loaded | cost_model
-    migration: str  # none | threshold | repack
-    sync: str  # global | per_instance | throughput_aware (the weight_sync back edge; global when absent)
-    partial_rollout: bool
-    interval_s: float  # seconds between snapshots (§5.2)
-    dispatch: dict  # the data -> rollout edge's dispatch policy ({"kind": "round_robin"} when absent)
-    profile: str | None  # cost-model profile named by the plan, if any
-    mu: float = 0.3  # waterfall threshold (§5.3); the defaults are §6.1's
-    phi_wait: int = 3
-    phi_throughput: float = 5.0
-
-    @property
-    def skew_aware(self) -> bool:
-        return self.dispatch["kind"] == "skew_aware_dispatch"
-
-    @property
-    def vanilla(self) -> bool:
-        """Least-loaded routing, global / per-instance sync, no migration: what needs no coordinator cycle
-        (dispatch is read separately: `skew_aware`)."""
-        return self.routing == "least_loaded" and self.migration == "none" and self.sync in ("global", "per_instance")
-
-    def config(self) -> CoordinationConfig:
-        """The coordinator's strategies (Algorithm 1) and their knobs."""
-        return CoordinationConfig(routing=self.routing, sync=self.sync, migration=self.migration,
-                                  partial_rollout=self.partial_rollout, mu=self.mu, phi_wait=self.phi_wait,
-                                  phi_throughput=self.phi_throughput)
+    """The first rollout stage: the one the simulator runs."""
+    name = rollout_stages(plan)[0]
+    return name, plan["pipeline"]["stages"][name]
 
 
 def plan_coordination(plan: dict) -> PlanCoordination:
-    """The coordination block of the plan's rollout stage, with the defaults the executors share."""
-    name, _ = _rollout(plan)
-    coord = plan["control"]["coordination"][name]
-    ws = coord["weight_sync"] or {"mode": "global", "partial_rollout": False}
-    return PlanCoordination(routing=coord.get("routing", "least_loaded"), migration=coord.get("migration", "none"),
-                            sync=ws["mode"], partial_rollout=ws["partial_rollout"],
-                            interval_s=coord.get("interval_s", 0.5),
-                            dispatch=coord.get("dispatch") or {"kind": "round_robin"}, profile=coord["profile"],
-                            **{k: coord[k] for k in ("mu", "phi_wait", "phi_throughput") if k in coord})
+    """The coordination of the plan's first rollout stage (the one the simulator runs)."""
+    return stage_coordination(plan, _rollout(plan)[0])
 
 
 def load_profile(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
-    """The named cost-model profile, or DEFAULT_PROFILE with a note saying so."""
+    """The named cost-model profile, or DEFAULT_PROFILE with a note saying so (the simulator states its assumptions)."""
     if not profile:
         profile = DEFAULT_PROFILE
         notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} ({hint})")
-    return CostProfile.load(profile)
+    return read_profile(profile)
 
 
 def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,

@@ -1,6 +1,6 @@
 """The discrete-event loop: a virtual clock jumping between completions, train-step ends and syncs.
 
-The loop drives a real StalenessPolicy (operators/registry.py `make_policy`) exactly as an executor
+The loop drives a real StalenessPolicy (operators/policy_kinds.py `make_policy`) exactly as an executor
 must: verify(weights version) then reserve when a unit has room; occupy(min member version) when
 all S samples of a group finished; consume() when the trainer is idle and the policy is ready; the
 weights version advances when the step ends and is published to the rollout side.
@@ -15,13 +15,12 @@ from itertools import count
 import numpy as np
 
 from rlflow.operators.policy import InvariantViolation, StalenessPolicy
-from rlflow.operators.registry import make_policy
-from rlflow.sim.closed_form import closed_form_prediction
+from rlflow.operators.policy_kinds import make_policy
 from rlflow.sim.config import SimConfig, SimConfigError
 from rlflow.sim.fleet import CoordinatedFleet, Fleet
 from rlflow.sim.lengths import LengthSampler, expected_length
 from rlflow.sim.result import SimResult, Timeline
-from rlflow.sim.slots import SlotPool
+from rlflow.sim.slots import SlotPool, closed_form_prediction
 from rlflow.sim.trajectories import CoordinatedTS, Group, Sample, TrajectoryServer
 
 

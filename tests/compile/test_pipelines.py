@@ -17,7 +17,7 @@ PIPELINES = sorted((REPO / "pipelines").glob("*.yaml"))
 
 def test_there_are_example_pipelines():
     names = {p.stem for p in PIPELINES}
-    assert {"quickstart", "synchronous", "one_step", "bounded_async", "staleflow", "laminar", "streamrl"} <= names
+    assert {"quickstart", "synchronous", "one_step", "bounded_async", "staleflow", "laminar", "streamrl", "mixed"} <= names
 
 
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)

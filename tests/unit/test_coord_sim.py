@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlflow.sim import CostProfile, LengthSpec, SimConfig, TrainerModel
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, TrainerModel
 from rlflow.sim.config import SimConfigError
 from rlflow.sim.loop import Simulation
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rlflow.profile import Sample, fit_profile, measure_engine, write_profile
-from rlflow.sim.config import CostProfile
+from rlflow.operators.cost_profile import CostProfile
 
 TRUE = {"k1": 7e-8, "k2": 1.7e-3, "k3": 1.25e-4, "k4": 1.07e-2}  # StaleFlow Table 4 (crossover n* = 13.6)
 
@@ -65,10 +65,11 @@ def test_too_few_batch_sizes_is_an_error():
 
 
 def test_written_profile_loads_as_a_cost_profile(tmp_path):
-    path = write_profile(fit_profile(synthetic(0.0)), tmp_path / "p.json", name="synthetic", source="test",
-                         max_running=64, kv_budget=32768)
+    path = write_profile(fit_profile(synthetic(0.0)), tmp_path / "p.json", name="synthetic", engine="hf",
+                         model="builtin:tiny-llama", source="test", max_running=64, kv_budget=32768)
     prof = CostProfile.load(path)
     assert prof.k3 == pytest.approx(TRUE["k3"], rel=1e-3)
+    assert (prof.engine, prof.model) == ("hf", "builtin:tiny-llama")  # what the compiler checks a pipeline against
     assert json.loads(path.read_text())["fit"]["crossover"] == pytest.approx(13.6, rel=0.01)
 
 

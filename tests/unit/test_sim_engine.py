@@ -8,7 +8,7 @@ from itertools import count
 
 import pytest
 
-from rlflow.sim.config import CostProfile
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim.engine import Instance
 from rlflow.sim.result import Timeline
 from rlflow.sim.trajectories import Group

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from rlflow.compiler import compile_pipeline
-from rlflow.sim import CostProfile, simulate
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.plan_read import stage_coordination
+from rlflow.sim import simulate
 from rlflow.sim.fleet import CoordinatedFleet, Fleet
-from rlflow.sim.from_plan import DEFAULT_PROFILE, sim_config
+from rlflow.sim.from_plan import DEFAULT_PROFILE, plan_coordination, sim_config
 from rlflow.sim.loop import Simulation
 from rlflow.sim.slots import SlotPool
 
@@ -28,6 +30,11 @@ def _plan(path, *overrides):
 
 def _coord(plan):
     return plan["control"]["coordination"]["rollout"]
+
+
+def _without_profile(plan):
+    _coord(plan)["profile"] = None
+    return plan
 
 
 def test_staleflow_plan_maps_every_strategy_and_the_staleness_control():
@@ -113,8 +120,10 @@ def test_missing_weight_sync_block_defaults_to_a_global_barrier():
 @pytest.mark.parametrize("ranker, sim_ranker, noted", [("oracle", "oracle", False), ("learned", "noisy", True),
                                                        ("rlflow.operators.length_ranker:OnlineLengthRanker", "noisy", True)])
 def test_skew_aware_dispatch_maps_with_its_ranker(ranker, sim_ranker, noted):
-    dispatch = f"{{kind: skew_aware_dispatch, ranker: '{ranker}', long_tail_fraction: 0.3}}"
+    compiled = "learned" if ranker == "oracle" else ranker  # the compiler rejects oracle (`rlflow run` cannot run it)
+    dispatch = f"{{kind: skew_aware_dispatch, ranker: '{compiled}', long_tail_fraction: 0.3}}"
     plan = _plan(STALEFLOW, f"edges.0.policy={dispatch}")
+    _coord(plan)["dispatch"]["ranker"] = ranker
     assert _coord(plan)["dispatch"]["kind"] == "skew_aware_dispatch"
     cfg, notes = sim_config(plan, steps=4)
     assert (cfg.dispatch, cfg.ranker, cfg.long_tail_fraction) == ("skew_aware", sim_ranker, 0.3)
@@ -129,16 +138,16 @@ def test_round_robin_dispatch_maps_to_none():
 
 
 def test_slots_mode_says_what_it_does_not_model():
-    """streamrl.yaml gives rollout speed and no profile: slots mode, in-flight global sync, and a note per
+    """streamrl.yaml gives rollout speed; without a profile: slots mode, in-flight global sync, and a note per
     coordination choice it drops (and no claim that the ranker is simulated)."""
-    plan = _plan(PIPELINES / "streamrl.yaml")
+    plan = _without_profile(_plan(PIPELINES / "streamrl.yaml"))
     cfg, notes = sim_config(plan, steps=4)
     assert (cfg.mode, cfg.weight_sync, cfg.partial_rollout, cfg.dispatch, cfg.coordinated) == (
         "slots", "global", True, "none", False)
     assert any("routing / migration / dispatch are not modelled" in n for n in notes)
     assert not any("noisy oracle" in n for n in notes)
     assert isinstance(Simulation(cfg).rollout, SlotPool)
-    plan = _plan(PIPELINES / "streamrl.yaml", "edges.4.policy.mode=per_instance")
+    plan = _without_profile(_plan(PIPELINES / "streamrl.yaml", "edges.4.policy.mode=per_instance"))
     cfg, notes = sim_config(plan, steps=4)
     assert cfg.weight_sync == "global" and any("per_instance sync is not modelled" in n for n in notes)
     # forced onto cost-model instances, the same plan keeps its dispatch and simulates the ranker
@@ -166,15 +175,13 @@ def test_compiled_staleflow_plan_simulates_within_its_bound():
 
 
 def test_coordinator_knobs_reach_the_simulator_and_the_runtime():
-    from rlflow.sim.from_plan import plan_coordination
-
     plan = _plan(STALEFLOW, "stages.rollout.coordinator.mu=0.5", "stages.rollout.coordinator.phi_wait=1",
                  "stages.rollout.coordinator.phi_throughput=2")
     cfg, _ = sim_config(plan, steps=4)
     assert (cfg.mu, cfg.phi_wait, cfg.phi_throughput) == (0.5, 1, 2.0)
     sim_cfg = Simulation(cfg).rollout.coord.cfg
-    run_cfg = plan_coordination(plan).config()  # what `rlflow run`'s coordinator is built with
-    for c in (sim_cfg, run_cfg):
+    run_cfg = stage_coordination(plan, "rollout").config()  # what `rlflow run`'s coordinator is built with
+    for c in (sim_cfg, run_cfg, plan_coordination(plan).config()):
         assert (c.mu, c.phi_wait, c.phi_throughput) == (0.5, 1, 2.0)
     default = plan_coordination(_plan(STALEFLOW)).config()
     assert (default.mu, default.phi_wait, default.phi_throughput) == (0.3, 3, 5.0)  # staleflow.txt §6.1

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from rlflow.sim import CostProfile, LengthSpec, SimConfig, Simulation, SimulationStalled, TrainerModel, simulate
-from rlflow.sim.closed_form import closed_form_config
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, Simulation, SimulationStalled, TrainerModel, simulate
+from rlflow.sim.slots import closed_form_config
 from rlflow.sim.fleet import Fleet
 from rlflow.sim.report import plot_report, text_report, write_report
 

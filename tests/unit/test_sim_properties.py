@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlflow.sim import CostProfile, LengthSpec, SimConfig, Simulation, TrainerModel
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, Simulation, TrainerModel
 
 PROFILE = CostProfile(
     name="small", k1=1e-6, k2=2e-3, k3=1e-4, k4=1e-2, k5=1.0,

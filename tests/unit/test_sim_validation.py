@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rlflow.sim import simulate
-from rlflow.sim.closed_form import closed_form_config, closed_form_prediction
+from rlflow.sim.slots import closed_form_config, closed_form_prediction
 
 TOLERANCE = 0.3  # steps of staleness, as the model's authors report for their simulator
 

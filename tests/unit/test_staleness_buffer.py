@@ -6,7 +6,7 @@ import pytest
 
 from rlflow.operators.groups import GroupAssembler
 from rlflow.operators.policy import InvariantViolation, StalenessError, staleness
-from rlflow.operators.registry import make_policy
+from rlflow.operators.policy_kinds import make_policy
 from rlflow.operators.staleness_buffer import READY, STUCK, WAITING, StaleFlowManager
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rlflow.operators.groups import GroupAssembler
 from rlflow.operators.policy import StalenessError, staleness
-from rlflow.operators.registry import POLICIES, make_policy
+from rlflow.operators.policy_kinds import POLICIES, make_policy
 
 settings.register_profile(
     "staleness", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True

@@ -1,4 +1,4 @@
-"""Staleness policies by name, as a pipeline's edge policy or the simulator asks for them."""
+"""Staleness policies by kind (`POLICIES`, `make_policy`), as a pipeline's edge policy or the simulator asks for them."""
 
 from __future__ import annotations
 
