@@ -63,22 +63,30 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _resolve(task: str, sft_steps: int | None) -> tuple[str, TinyLlamaSettings]:
-    """Task name without `builtin:` and its build settings."""
+    """Task name without `builtin:` and its build settings. `a+b` warm-starts on several tasks at once
+    (a pipeline with several task types); it takes the default settings with the longest answers' budget."""
     from rlflow.registry import TASKS
 
-    task = task.removeprefix("builtin:")
-    if f"builtin:{task}" not in TASKS:
-        names = ", ".join(sorted(name.removeprefix("builtin:") for name in TASKS))
-        raise ValueError(f"unknown task '{task}' for builtin:tiny-llama; use one of: {names}")
-    settings = TASK_SETTINGS.get(task, DEFAULT_SETTINGS)
-    return task, settings if sft_steps is None else replace(settings, sft_steps=sft_steps)
+    names = [t.removeprefix("builtin:") for t in task.split("+")]
+    for name in names:
+        if f"builtin:{name}" not in TASKS:
+            known = ", ".join(sorted(n.removeprefix("builtin:") for n in TASKS))
+            raise ValueError(f"unknown task '{name}' for builtin:tiny-llama; use one of: {known}")
+    if len(names) == 1:
+        settings = TASK_SETTINGS.get(names[0], DEFAULT_SETTINGS)
+    else:
+        longest = max(TASK_SETTINGS.get(n, DEFAULT_SETTINGS).max_new_tokens for n in names)
+        settings = replace(DEFAULT_SETTINGS, max_new_tokens=longest)
+    return "+".join(names), settings if sft_steps is None else replace(settings, sft_steps=sft_steps)
 
 
 def task_rows(task: str, seed: int, count: int) -> list[dict]:
-    """Rows {"prompt", "answer"} of a built-in task."""
+    """Rows {"prompt", "answer"} of a built-in task; for `a+b`, the tasks' rows interleaved."""
     from rlflow.registry import resolve
 
-    return resolve("task", f"builtin:{task}")(seed, count)
+    names = task.split("+")
+    parts = [resolve("task", f"builtin:{n}")(seed, -(-count // len(names))) for n in names]
+    return [row for rows in zip(*parts) for row in rows][:count]
 
 
 def model_dir(task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None) -> Path:

@@ -30,6 +30,8 @@ class Trajectory:
     reward: float | None = None
     reward_error: str | None = None  # set when the reward function raised; the trajectory is then failed
     instance: int | None = None  # rollout instance that finished it
+    task: str = "main"  # the task type (plan["tasks"]): picks the rollout and reward stages
+    row: dict = field(default_factory=dict)  # the whole data row (its original columns), for reward functions
 
     @property
     def traj_id(self) -> str:

@@ -58,26 +58,23 @@ class RuntimeDispatch:
             counts.setdefault(k, 0)
 
     @classmethod
-    def from_plan(cls, plan: dict, pc, counts: dict, notes: list[str], log=print) -> RuntimeDispatch | None:
-        """The plan's data -> rollout dispatch, or None when it is round robin."""
+    def for_stage(cls, pc, rollout: dict, *, batch_groups: int, max_model_len: int, counts: dict,
+                  log=print) -> RuntimeDispatch | None:
+        """The stage's data -> rollout dispatch, or None when it is round robin. The ranker is `learned` or
+        an import string (the compiler rejects `oracle`, which needs lengths before generation); the profile
+        (required by the compiler) shapes PTL(BS), the per-token latency Algorithm 2 weighs."""
         if not pc.skew_aware:
             return None
+        from rlflow.plan_read import load_profile
         from rlflow.registry import resolve
-        from rlflow.sim.from_plan import load_profile
 
-        rollout = next(s for s in plan["pipeline"]["stages"].values() if s["kind"] == "rollout")
         ref = pc.dispatch.get("ranker", "learned")
-        batch = plan["control"]["staleness"]["batch_size"]
-        if ref in ("learned", "oracle"):
-            if ref == "oracle":
-                notes.append("ranker 'oracle' needs the true lengths before generation, which only the simulator has; "
-                             "this run uses the learned ranker")
-            ranker = OnlineLengthRanker(refit_every=batch)  # refit once per batch's worth of completed groups
+        if ref == "learned":
+            ranker = OnlineLengthRanker(refit_every=batch_groups)  # refit once per batch's worth of completed groups
         else:
             ranker = resolve("ranker", ref)()
-        prof = load_profile(pc.profile, notes, hint="set the rollout stage's coordinator.profile to change; "
-                            "it only shapes PTL(BS), the per-token latency Algorithm 2 weighs")
-        prompt_tokens = plan["pipeline"]["model"]["max_model_len"] - rollout["max_new_tokens"]
+        prof = load_profile(pc.profile)
+        prompt_tokens = max_model_len - rollout["max_new_tokens"]
 
         def ptl(bs: int, held: float = 0.0) -> float:  # Eq. 1's per-token latency at batch size bs
             return prof.step_latency(prof.k5 * bs * (prompt_tokens + held), bs)

@@ -1,37 +1,24 @@
-"""The rollout coordinator inside `rlflow run`: driver state -> Snapshot -> Algorithm 1 -> step commands.
+"""The rollout coordinator inside `rlflow run`: fleet state -> Snapshot -> Algorithm 1 -> step commands.
 
-StaleFlow runs a snapshot -> command cycle (staleflow.txt §5.2, Algorithm 1) over a trajectory server
-(TS), a parameter server and the rollout instances; operators/coordinator.py is that cycle as pure
-Python, and the simulator drives it (rlflow/sim/fleet.py CoordinatedFleet). This module drives the same
-Coordinator from the Ray driver:
+operators/coordinator.py is StaleFlow's snapshot -> command cycle (staleflow.txt §5.2, Algorithm 1) as
+pure Python; the simulator drives it (rlflow/sim/fleet.py), and this module drives it for one rollout
+fleet (rollout_fleet.py), every strategy included, vanilla least-loaded routing too.
 
-- The TS is kept here, in the driver: initial groups drawn from the prompts (no V_traj; the routing
-  strategy reserves a group with the staleness policy when it routes its first member, Algorithm 2 and
-  §5.1), members of reserved groups not routed yet, and partial trajectories returned by an Interrupt.
-  Like the simulator, it holds one batch of initial groups (B groups) at a time.
-- Snapshots are exact. A RolloutWorker changes only inside its `step` call, so a cycle runs at a step
-  barrier: when a cycle is due, instances that return a step are held until every alive one has
-  returned; the snapshot is then their last step's report plus the commands still queued for them
-  (routes not delivered yet, aborts not delivered yet), and every command the cycle issues is applied
-  at the start of the next step, before any token is generated (the worker applies pull, abort,
-  interrupt, route in that order). A barrier costs at most one step of idle time per instance.
-- A cycle is due every `interval_s` (the plan's snapshot period), and as soon as an instance that had
-  work has run out of it, so a drained instance does not idle until the next period.
-- Commands become step arguments: Route -> Instance.routes, Interrupt -> Instance.interrupts, Pull ->
-  Instance.pull. An interrupted trajectory comes back with the step's result; a Route issued for it in
-  the same cycle waits for it ("keeping data pending", §5.2) and is queued for its instance then.
-- The speculative state P (Table 1, Eq. 1) validates every snapshot. Aborts issued by the staleness
-  side (group redundancy surplus, policy evictions) lower P when issued; one that loses the race with
-  the trajectory finishing is undone when the finish is reported. The engines count completions since
-  start, not since the last pull, so complete_trajs is taken relative to the count when a Pull was
-  delivered. With exact snapshots every cycle should validate; if several in a row do not (vLLM keeps
-  generating between steps, so its snapshots are only nearly current), P is re-read from the snapshot
-  and the event logged and counted, so coordination never stalls.
+- The TS (trajectory server) lives here: initial groups drawn from the prompts (no V_traj until routing
+  reserves the group with the staleness policy, Algorithm 2), reserved members not routed yet, and
+  partial trajectories returned by an Interrupt. It holds one batch of initial groups at a time.
+- Snapshots are exact: a worker changes only inside its `step` call, so a due cycle holds returning
+  instances until every alive one has returned; the snapshot is their last report plus commands still
+  queued for them, and the commands (Route -> routes, Interrupt -> interrupts, Pull -> pull) apply at
+  the start of the next step. A Route for a trajectory being interrupted waits for it (§5.2).
+- A cycle is due every `interval_s`, and as soon as an instance that had work has run out of it.
+- The speculative state P (Table 1, Eq. 1) validates every snapshot; aborts from the staleness side lower
+  P when issued and are undone if the trajectory finished first; complete_trajs counts from the last
+  delivered Pull. If several snapshots in a row disagree (vLLM keeps generating between steps), P is
+  re-read from the snapshot, logged and counted, so coordination never stalls.
 
-Partial trajectories keep their oldest V_traj: the engine stamps the first token's version and keeps
-the minimum when a trajectory resumes (stages/engine.py begin_segment); a partial trajectory is only
-routed to an instance on that version or newer (Algorithm 2), and a group's members are launched with
-the group's reserved V_traj, so staleness is measured as in the least-loaded path.
+Partial trajectories keep their oldest V_traj (stages/engine.py begin_segment) and are only routed to an
+instance on that version or newer (Algorithm 2); a group's members launch with its reserved V_traj.
 """
 
 from __future__ import annotations
@@ -43,16 +30,11 @@ from rlflow.operators.coordinator import Coordinator
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
-from rlflow.sim.from_plan import PlanCoordination, load_profile, plan_coordination
-from rlflow.stages.trajectory import member_id
+from rlflow.plan_read import PlanCoordination, load_profile
+from rlflow.runtime.route_queue import RouteQueue, row_tokens, traj_id
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
 RESYNC_AFTER = 3  # consecutive rejected snapshots before P is re-read from the snapshot
-
-
-def traj_id(row: dict) -> str:
-    """The id of a routed row (a trajectory's payload as the driver holds it)."""
-    return member_id(row["group_id"], row["index"])
 
 
 class RuntimeCoordinator:
@@ -65,9 +47,7 @@ class RuntimeCoordinator:
         self.coord = Coordinator(len(instances), pc.config(), cost=cost)
         for inst in instances:  # a resumed run starts by pulling the restored version
             self.coord.P.inst_version[inst.index] = inst.pull[0] if inst.pull else inst.version
-        self.ts: dict[str, tuple[TrajView, dict]] = {}  # tid -> (what the coordinator sees, the row to route)
-        self.initial: dict[str, list[str]] = {}  # unreserved groups in the TS: gid -> member tids
-        self.reserved: dict[str, int] = {}  # open group -> reserved V_traj
+        self.queue = RouteQueue()  # the TS: what waits to be routed
         self.held: dict[str, int] = {}  # tid -> instance whose Route waits for the interrupted trajectory
         n = len(instances)
         self.in_transit: list[set] = [set() for _ in range(n)]  # interrupted, not yet returned by the worker
@@ -85,21 +65,16 @@ class RuntimeCoordinator:
             counts.setdefault(k, 0)
 
     @classmethod
-    def from_plan(cls, plan: dict, instances, counts: dict, log=print) -> tuple[RuntimeCoordinator | None, list[str]]:
-        """The coordinator the plan selects (None when the least-loaded path covers it), and notes to print.
-
-        The cost model is the plan's profile (the simulator's default one, said in a note, when the plan
-        names none); its engine cap is the rollout stage's max_running when that is lower.
-        """
-        pc = plan_coordination(plan)
-        notes: list[str] = []
-        if pc.vanilla:  # least-loaded routing, global / per-instance sync, no migration: the driver's own path
-            return None, notes
-        rollout = next(s for s in plan["pipeline"]["stages"].values() if s["kind"] == "rollout")
-        prof = load_profile(pc.profile, notes, hint="set the rollout stage's coordinator.profile to change")
-        cost = CostModel.from_profile(prof)
-        cost = replace(cost, max_running=min(cost.max_running or rollout["max_running"], rollout["max_running"]))
-        return cls(pc, cost, instances, counts, log), notes
+    def for_stage(cls, pc: PlanCoordination, rollout: dict, instances, counts: dict, log=print) -> RuntimeCoordinator:
+        """The coordinator of one rollout stage. Strategies that weigh latencies (cost-model routing, threshold
+        and repack migration) use the plan's profile (the compiler checked it matches the engine); vanilla
+        least-loaded routing only needs room, which is the stage's max_running (StaleFlow's gamma without M)."""
+        if pc.profile:
+            cost = CostModel.from_profile(load_profile(pc.profile))
+            cost = replace(cost, max_running=min(cost.max_running or rollout["max_running"], rollout["max_running"]))
+        else:
+            cost = CostModel(k1=0.0, k2=0.0, k3=0.0, k4=0.0, max_running=rollout["max_running"])
+        return cls(pc, cost, instances, counts, log)
 
     def describe(self) -> str:
         pc = self.pc
@@ -107,43 +82,11 @@ class RuntimeCoordinator:
         return (f"rollout coordinator (staleflow §5.2): routing={pc.routing} sync={sync} migration={pc.migration}; "
                 f"a cycle every {pc.interval_s:g}s, or as soon as an instance runs out of work")
 
-    # ------------------------------------------------------------------ the trajectory server
-    @property
-    def initial_groups(self) -> int:
-        return len(self.initial)
-
-    def initial_prompts(self) -> dict[str, str]:
-        """Unreserved groups in the TS: gid -> prompt text (what skew-aware dispatch ranks)."""
-        return {gid: self.ts[tids[0]][1]["prompt"] for gid, tids in self.initial.items()}
-
-    def add_group(self, gid: str, rows: list[dict]) -> None:
-        """An initial group drawn from the prompts: no V_traj until routing reserves it (§5.1)."""
-        self.initial[gid] = [traj_id(r) for r in rows]
-        for row in rows:
-            self.ts[traj_id(row)] = (TrajView(traj_id(row), gid, None, _tokens(row)), row)
-
-    def _queue(self, row: dict) -> None:
-        """A reserved group's member back in the TS; a partial one keeps its oldest V_traj."""
-        gid = row["group_id"]
-        v_traj = row["version"] if row["completion_ids"] else self.reserved[gid]
-        self.ts[traj_id(row)] = (TrajView(traj_id(row), gid, v_traj, _tokens(row)), row)
-
     def _reserve(self, reserve):
         def on_reserve(gid, version: int) -> None:
-            reserve(gid, version)  # the staleness policy and the group assembler (driver)
-            self.reserved[gid] = version
-            for tid in self.initial.pop(gid):
-                view, row = self.ts[tid]
-                view.v_traj = row["version"] = version
+            reserve(gid, version)  # the staleness policy and the group assembler (fleet)
+            self.queue.reserve(gid, version)
         return on_reserve
-
-    def forget_group(self, gid: str) -> set[str]:
-        """The group is done or evicted: its members still in the TS are not needed any more; returns them."""
-        self.reserved.pop(gid, None)
-        gone = {t for t, (view, _) in self.ts.items() if view.gid == gid}
-        for tid in gone:
-            del self.ts[tid]
-        return gone
 
     # ------------------------------------------------------------------ the cycle
     def due(self, now: float, instances) -> bool:
@@ -156,11 +99,11 @@ class RuntimeCoordinator:
         """Algorithm 1 on an exact snapshot (every alive instance between two steps); commands go to the Instances.
 
         verify / reserve: the staleness policy (Algorithm 2); launch(row): a member leaves the TS for the first time.
-        dispatch (skew-aware, rlflow/runtime/dispatch.py): routing runs once per lane, the TS in LPT order,
+        dispatch (skew-aware, rlflow/runtime/dispatch_lanes.py): routing runs once per lane, the TS in LPT order,
         and every Route is checked against its trajectories' lanes before it is carried out.
         """
         alive = [i for i in instances if i.alive]
-        views = [view for view, _ in self.ts.values()]
+        views = self.queue.views()
         lanes = split = None
         if dispatch is not None:
             views.sort(key=lambda v: dispatch.rank.get(v.gid, len(dispatch.rank)))
@@ -211,13 +154,13 @@ class RuntimeCoordinator:
             row = inst.running.get(tid)
             if row is None:
                 raise InvariantViolation(f"instance {i} reports trajectory {tid}, which the driver did not route there")
-            return TrajView(tid, row["group_id"], row["version"], _tokens(row) if tokens is None else tokens)
+            return TrajView(tid, row["group_id"], row["version"], row_tokens(row) if tokens is None else tokens)
 
         run = [view(t, per) for t in snap["run_trajs"] if t not in aborted]
         wait = [view(t) for t in snap["wait_trajs"] if t not in aborted]
         kv = per * len(run)
         for row in inst.routes:  # queued routes: admitted at the next step if the engine has room
-            v = TrajView(traj_id(row), row["group_id"], row["version"], _tokens(row))
+            v = TrajView(traj_id(row), row["group_id"], row["version"], row_tokens(row))
             if len(run) < self.cost.max_running:
                 run.append(v)
                 kv += v.tokens
@@ -233,7 +176,7 @@ class RuntimeCoordinator:
             self.counts["coord_interrupted"] += 1
             if tid in queued:  # never delivered: straight back to the TS
                 inst.routes.remove(queued[tid])
-                self._queue(inst.running.pop(tid))
+                self.queue.queue(inst.running.pop(tid))
             else:
                 inst.interrupts.append(tid)
                 self.in_transit[inst.index].add(tid)
@@ -242,12 +185,12 @@ class RuntimeCoordinator:
         version = self.coord.P.inst_version[inst.index]  # what the instance will run when the route arrives
         for tid in tids:
             self.counts["coord_routed"] += 1
-            if tid not in self.ts:
+            if tid not in self.queue:
                 if not any(tid in s for s in self.in_transit):
                     raise InvariantViolation(f"the coordinator routed {tid}, which is neither in the TS nor interrupted")
                 self.held[tid] = inst.index  # queued when the worker returns it
                 continue
-            _, row = self.ts.pop(tid)
+            row = self.queue.pop(tid)
             if not row["completion_ids"]:
                 row["version"] = version  # a fresh trajectory's V_traj is its first token's (stamped by the engine)
             launch(row)
@@ -295,10 +238,6 @@ class RuntimeCoordinator:
         self.noted[i].add(tid)
         return True
 
-    def drop(self, tid: str) -> None:
-        """An aborted trajectory waiting in the TS."""
-        self.ts.pop(tid, None)
-
     def finished(self, inst, tid: str) -> None:
         """A finished trajectory is reported (before the driver looks it up)."""
         i = inst.index
@@ -327,7 +266,7 @@ class RuntimeCoordinator:
                 instances[target].routes.append(row)
                 instances[target].running[tid] = row
             else:
-                self._queue(row)
+                self.queue.queue(row)
         self.noted[i] -= set(self.sent_aborts[i])  # delivered: they took effect or were undone in finished()
         lost = [t for t in self.sent_interrupts[i] if t in self.in_transit[i]]
         for tid in lost:  # neither returned nor reported finished: restart it from its prompt
@@ -342,8 +281,8 @@ class RuntimeCoordinator:
         target = self.held.pop(traj_id(row), None)
         if target is not None:
             self.coord.note_abort(target, [traj_id(row)])
-        self._queue({**row, "completion_ids": [], "behaviour_logprobs": [], "versions_seen": [],
-                     "version": self.reserved[row["group_id"]]})
+        self.queue.queue({**row, "completion_ids": [], "behaviour_logprobs": [], "versions_seen": [],
+                     "version": self.queue.reserved[row["group_id"]]})
 
     def orphaned(self, inst, rows: list[dict]) -> None:
         """A dead instance's trajectories: routes it never received go back to the TS as they are; the
@@ -353,7 +292,7 @@ class RuntimeCoordinator:
         self.noted[inst.index].clear()
         for row in rows:
             if traj_id(row) in queued:
-                self._queue(row)
+                self.queue.queue(row)
             else:
                 self.restart(row)
 
@@ -363,8 +302,3 @@ def _idle(inst) -> bool:
     snap = inst.snapshot
     return not inst.routes and not inst.interrupts and not inst.pull and (
         snap is None or not (snap["run_trajs"] or snap["wait_trajs"]))
-
-
-def _tokens(row: dict) -> float:
-    """KV tokens a trajectory brings: prompt + generated so far."""
-    return float(len(row["prompt_ids"]) + len(row["completion_ids"]))

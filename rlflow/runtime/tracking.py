@@ -104,7 +104,8 @@ class Tracker:
 
             fig, axes = plt.subplots(1, 2, figsize=(8, 3))
             steps = [h["step"] for h in history]
-            axes[0].plot(steps, [h["reward_all_mean"] for h in history], label="all rollouts")
+            nan = float("nan")  # a step that scored nothing new has no reward point
+            axes[0].plot(steps, [nan if h["reward_all_mean"] is None else h["reward_all_mean"] for h in history], label="all rollouts")
             axes[0].plot(steps, [h["reward_mean"] for h in history], label="trained (after filter)", alpha=0.6)
             axes[0].set_xlabel("step")
             axes[0].set_ylabel("mean reward")

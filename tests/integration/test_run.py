@@ -32,7 +32,7 @@ def run_plan(plan: dict, **kwargs):
 
 
 def assert_accounted(run) -> None:
-    c = run.policy.counters
+    c = run.buffer.counters
     assert c.conserved(), vars(c)
     assert c.consumed == len(run.history) * run.control["batch_size"]
     eta = run.control["eta"]
@@ -40,10 +40,20 @@ def assert_accounted(run) -> None:
         assert max(run.staleness_all) <= eta
 
 
-@pytest.mark.parametrize("pipeline", ["quickstart", "synchronous", "bounded_async", "staleflow"])
+@pytest.mark.parametrize("pipeline", ["quickstart", "synchronous", "bounded_async", "one_step", "staleflow", "laminar"])
 def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
+    """Every shipped single-task pipeline runs as compiled: one fleet per rollout stage in the plan, with the
+    plan's actors, its coordinator strategies and its staleness policy."""
     plan = plan_for(pipeline)
     run = run_plan(plan)
+    assert [f.stage for f in run.fleets] == ["rollout"]
+    assert len(run.fleets[0].instances) == plan["pipeline"]["stages"]["rollout"]["replicas"]
+    cfg = run.fleets[0].coordination.coord.cfg
+    coord = plan["control"]["coordination"]["rollout"]
+    assert (cfg.routing, cfg.migration) == (coord["routing"], coord["migration"])
+    from rlflow.operators.policy_kinds import make_policy
+
+    assert type(run.buffer.policy) is type(make_policy(**plan["control"]["staleness"]))
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
     if pipeline == "synchronous":
@@ -76,12 +86,18 @@ def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
 
         victim = None
 
-        def _admit(self):
-            super()._admit()
-            if self.victim is None and self.history:
-                self.victim = next((i for i in self.instances if i.alive and i.routes), None)
-                if self.victim is not None:
-                    ray.kill(self.victim.handle)
+        def _start(self):
+            super()._start()
+            fleet = self.fleets[0]
+            send = fleet.send
+
+            def send_after_kill(submit):
+                if self.victim is None and self.history:
+                    self.victim = next((i for i in fleet.instances if i.alive and i.routes), None)
+                    if self.victim is not None:
+                        ray.kill(self.victim.handle)
+                send(submit)
+            fleet.send = send_after_kill
 
     plan = plan_for("bounded_async", "stages.train.steps=4")
     run = KillAfterRouting(plan, out_dir=Path(".rlflow/runs/x"), log=lambda *a: None)
@@ -101,10 +117,16 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     from rlflow.runtime.driver import Run
 
     class Recording(Run):
-        def _draw_group(self, version):
-            gid, rows = super()._draw_group(version)
-            self.drawn = getattr(self, "drawn", []) + [gid]
-            return gid, rows
+        def _start(self):
+            super()._start()
+            self.drawn, fleet = [], self.fleets[0]
+            draw = fleet._draw
+
+            def recording():
+                gid, rows = draw()
+                self.drawn.append(gid)
+                return gid, rows
+            fleet._draw = recording
 
     plan = plan_for(pipeline, "stages.train.steps=4", *(["stages.buffer.batch_groups=8"] if pipeline == "streamrl" else []))
     out = Path(".rlflow/runs") / plan["name"]
@@ -119,17 +141,16 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     first.run()
     stopped_at = len(first.history)
     assert first.stop_requested and 2 <= stopped_at < 4
-    assert (out / "state.json").exists()
-    unrouted = [f"g{i}" for i in json.loads((out / "state.json").read_text())["unrouted"]]
-    assert unrouted == list(first.waiting)
-    if pipeline == "streamrl":
-        assert len(unrouted) == 8
+    state = json.loads((out / "state.json").read_text())
+    unrouted = [f"{p['task']}-{p['n']}" for p in state["unrouted"]["rollout"]]
+    assert unrouted == list(first.fleets[0].coordination.queue.initial)
+    assert len(unrouted) <= plan["control"]["staleness"]["batch_size"]  # at most one batch drawn ahead
     second = Recording(plan, out_dir=out, resume=True, log=lambda *a: None)
     second.run()
     assert [h["step"] for h in second.history] == list(range(1, 5))
     assert second.tracker.run_id == first.tracker.run_id
     assert second.drawn[:len(unrouted)] == unrouted
-    assert f"g{first.cursor}" in second.drawn  # then the prompts after the first run's last
+    assert f"main-{state['positions']['main']}" in second.drawn  # then the prompts after the first run's last
 
 
 def test_missing_data_file_is_a_clear_error(ray_cluster, workdir):
@@ -143,7 +164,7 @@ def test_missing_data_file_is_a_clear_error(ray_cluster, workdir):
 def test_prompt_longer_than_the_model_allows(ray_cluster, workdir):
     (workdir / "long.jsonl").write_text('{"prompt": "' + "1+" * 200 + '1=", "answer": "201"}\n')
     plan = plan_for("quickstart", f"data.source={workdir / 'long.jsonl'}")
-    with pytest.raises(PipelineInvalid, match="too long"):
+    with pytest.raises(PipelineInvalid, match="prompt-too-long"):
         run_plan(plan)
 
 
@@ -153,13 +174,16 @@ def test_pipeline_runs_on_the_vllm_engine(pipeline, ray_cluster, workdir):
     """The same pipelines with `engine: vllm`: AsyncLLM inside the RolloutWorker actors, weights pulled in
     flight; staleflow also drives vLLM through the rollout coordinator."""
     pytest.importorskip("vllm")
-    plan = plan_for(pipeline, "stages.rollout.engine=vllm")
+    # staleflow's profile was measured on the hf engine: using it for vLLM is an explicit choice
+    foreign = ["stages.rollout.coordinator.allow_foreign_profile=true"] if pipeline == "staleflow" else []
+    plan = plan_for(pipeline, "stages.rollout.engine=vllm", *foreign)
     run = run_plan(plan)
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
-    assert run.pull_s > 0, "no instance pulled a new weights version"
+    fleet = run.fleets[0]
+    assert fleet.pull_s > 0, "no instance pulled a new weights version"
     # at least one instance moved on (throughput-aware sync may leave a lightly used one on old weights)
-    assert max(inst.version for inst in run.instances if inst.alive) >= 1
+    assert max(inst.version for inst in fleet.instances if inst.alive) >= 1
 
 
 def small_chunk_hf(model_dir, **kwargs):
@@ -184,12 +208,13 @@ def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, wo
     migrating = variant == "migrating"
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     extra = ["stages.rollout.engine=test_run:small_chunk_hf", "stages.rollout.coordinator.interval_s=0.05",
-             "stages.rollout.coordinator.phi_throughput=1"]
+             "stages.rollout.coordinator.phi_throughput=1",
+             "stages.rollout.coordinator.allow_foreign_profile=true"]  # the hf profile, on the same engine in smaller chunks
     plan = plan_for("staleflow", *(extra if migrating else []))
     run = run_plan(plan)
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
-    coord = run.coordination
+    coord = run.fleets[0].coordination
     assert coord is not None
     assert (coord.coord.cfg.routing, coord.coord.cfg.sync, coord.coord.cfg.migration) == (
         "cost_model", "throughput_aware", "threshold")
@@ -197,8 +222,8 @@ def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, wo
     n = run.counts
     assert n["coord_cycles"] > 0 and n["coord_rejected"] == 0 and n["coord_resyncs"] == 0, n
     # every trained trajectory was routed by a Route command; instances were pulled onto newer weights
-    assert n["coord_routed"] >= len(run.history) * run.control["batch_size"] * run.group_size, n
-    assert n["coord_pulls"] > 0 and max(inst.version for inst in run.instances) >= 1, n
+    assert n["coord_routed"] >= len(run.history) * run.control["batch_size"] * run.fleets[0].group_size, n
+    assert n["coord_pulls"] > 0 and max(inst.version for inst in run.fleets[0].instances) >= 1, n
     if migrating:
         assert n["coord_interrupted"] > 0, n
     assert run.history[-1]["coord_routed"] > 0  # the counts are logged with every step (MLflow metrics)
@@ -206,12 +231,13 @@ def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, wo
 
 def record_placements(run) -> list:
     """Every lane check the driver makes (it raises InvariantViolation on a group outside its lane)."""
-    placed, check = [], run.dispatch.check_lane
+    dispatch = run.fleets[0].dispatch
+    placed, check = [], dispatch.check_lane
 
     def recording(gid, inst, lanes):
         check(gid, inst, lanes)
-        placed.append((run.dispatch.lane(gid), inst))
-    run.dispatch.check_lane = recording
+        placed.append((dispatch.lane(gid), inst))
+    dispatch.check_lane = recording
     return placed
 
 
@@ -259,4 +285,28 @@ def test_skew_aware_dispatch_lanes_hold_under_the_rollout_coordinator(ray_cluste
     assert n["coord_cycles"] > 0 and n["coord_rejected"] == 0, n
     assert n["dispatch_plans"] > 0 and n["dispatch_long_groups"] > 0, n
     assert {inst for lane, inst in run.placed if lane == "long"} == {0}
-    assert len(run.placed) >= len(run.history) * 8 * run.group_size  # every trained member was checked
+    assert len(run.placed) >= len(run.history) * 8 * run.fleets[0].group_size  # every trained member was checked
+
+
+def test_mixed_tasks_run_on_their_own_rollout_and_reward_stages(ray_cluster, workdir):
+    """pipelines/mixed.yaml: two task types, each with its own rollout stage (its own max_new_tokens) and
+    reward stage, one buffer and one trainer. Every task is generated, scored and trained, and per-task
+    metrics reach MLflow."""
+    plan = compile_pipeline(REPO / "pipelines" / "mixed.yaml",
+                            ["stages.train.steps=3", "stages.buffer.batch_groups=4", "tracking.progress=false"])
+    run = run_plan(plan)
+    tasks = plan["tasks"]
+    assert len(tasks) == 2 and len({t["rollout"] for t in tasks.values()}) == 2
+    assert sorted(f.stage for f in run.fleets) == sorted({t["rollout"] for t in tasks.values()})
+    assert len(run.streams) == len({t["reward"] for t in tasks.values()}) == 2
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_accounted(run)
+    for name, task in tasks.items():
+        trained = sum(h[f"task/{name}/trained"] for h in run.history)
+        assert trained > 0, (name, run.history)
+        cap = plan["pipeline"]["stages"][task["rollout"]]["max_new_tokens"]
+        assert all(h[f"task/{name}/length_mean"] is None or h[f"task/{name}/length_mean"] <= cap for h in run.history)
+    import mlflow
+
+    metrics = mlflow.get_run(run.tracker.run_id).data.metrics
+    assert {f"task/{name}/reward_all_mean" for name in tasks} <= set(metrics)

@@ -1,4 +1,4 @@
-"""Skew-aware dispatch as `rlflow run` drives it (rlflow/runtime/dispatch.py): lanes, caps, LPT, learning."""
+"""Skew-aware dispatch as `rlflow run` drives it (rlflow/runtime/dispatch_lanes.py): lanes, caps, LPT, learning."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from rlflow.operators.length_ranker import OnlineLengthRanker, OracleRanker
 from rlflow.operators.policy import InvariantViolation
-from rlflow.runtime.dispatch import RuntimeDispatch
+from rlflow.runtime.dispatch_lanes import RuntimeDispatch
 
 LENGTHS = {f"p{k}": float(k) for k in range(1, 11)}  # prompt p_k produces k tokens
 

@@ -1,0 +1,105 @@
+"""The buffer stage: where a rewarded group waits to be trained (ARCHITECTURE.md §4, staleness manager).
+
+One staleness policy (operators/, chosen by the plan's `control.staleness`) serves every rollout fleet:
+a fleet asks `verify` / `reserve` when it routes a group's first member (StaleFlow Algorithm 2), tells
+`completed` when the whole group has finished generating, and the reward streams hand the scored
+group to `rewarded`, which occupies it (or filters it). `consume` takes the next batch for the trainer
+and checks the invariants of §5 on it: no group above the bound, none trained twice, conservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlflow.operators.policy import InvariantViolation
+from rlflow.operators.policy_kinds import make_policy
+
+
+class Buffer:
+    """The staleness policy plus the groups between reservation and training."""
+
+    def __init__(self, control: dict, store, counts: dict, abort_group: Callable[[str], None], log=print):
+        self.policy = make_policy(**control)
+        self.eta = control["eta"]
+        self.store, self.counts, self.abort_group, self.log = store, counts, abort_group, log
+        self.generating: set[str] = set()  # reserved, members still generating
+        self.group_version: dict[str, int] = {}  # generated group -> V_traj, until its reward arrives
+        self.kept: dict[str, dict[str, float]] = {}  # occupied group -> {traj_id: reward}
+        self.evicted: set[str] = set()  # evicted by the policy before their reward arrived
+        for k in ("reward_failed", "filtered_groups", "dropped_groups"):
+            counts.setdefault(k, 0)
+
+    # ------------------------------------------------------------------ from the rollout fleets
+    def verify(self, version: int) -> bool:
+        return self.policy.verify(version)
+
+    def reserve(self, gid: str, version: int) -> None:
+        self.policy.reserve(gid, version)
+        self.generating.add(gid)
+
+    def completed(self, gid: str, version: int) -> None:
+        """Every kept member finished; the group goes to its reward stage with V_traj `version`."""
+        self.generating.discard(gid)
+        self.group_version[gid] = version
+
+    # ------------------------------------------------------------------ from the reward streams
+    def rewarded(self, gid: str, rows: list[tuple[str, float, str, bool]]) -> list[float]:
+        """A scored group: rows of (traj_id, reward, error, kept). Returns the rewards scored (for metrics)."""
+        if gid in self.evicted:  # the policy gave up on it while it was being rewarded
+            self.evicted.discard(gid)
+            self.group_version.pop(gid, None)
+            self.store.discard.remote([tid for tid, *_ in rows])
+            return []
+        failed = [(tid, err) for tid, _, err, _ in rows if err]
+        if failed:
+            self.counts["reward_failed"] += len(failed)
+            self.log(f"reward failed for {len(failed)} trajectory(ies) of group {gid}: {failed[0][1]}")
+        good = {tid: r for tid, r, err, kept in rows if not err and kept}
+        if not good:  # filtered (e.g. uniform rewards) or every reward failed
+            self._evict(self.policy.filter(gid))  # may abort batch-redundancy surplus
+            self.group_version.pop(gid, None)
+            self.counts["filtered_groups"] += 1
+            self.store.discard.remote([tid for tid, *_ in rows])
+        else:
+            self.store.discard.remote([tid for tid, _ in failed])
+            self.kept[gid] = good
+            self._evict(self.policy.occupy(gid, self.group_version.pop(gid)))
+        return [r for _, r, err, _ in rows if not err]
+
+    def _evict(self, entries) -> None:
+        """Clean up after groups the policy evicted (it already counted them dropped or aborted): still
+        generating (abort its members), waiting for its reward (forget it then), or occupied (drop it)."""
+        for e in entries:
+            if e.gid in self.generating:
+                self.generating.discard(e.gid)
+                self.abort_group(e.gid)
+            elif e.gid in self.kept:
+                self.store.discard.remote(list(self.kept.pop(e.gid)))
+                self.counts["dropped_groups"] += 1
+            else:
+                self.evicted.add(e.gid)
+
+    # ------------------------------------------------------------------ to the trainer
+    def ready(self) -> bool:
+        return self.policy.ready()
+
+    def consume(self) -> tuple[object, dict[str, float], dict[str, list[str]]]:
+        """The next batch: (policy batch, {traj_id: reward}, {gid: member traj ids}); invariants checked."""
+        batch = self.policy.consume()
+        self._evict(batch.dropped)
+        staleness = batch.staleness()
+        if self.eta is not None and staleness and max(staleness) > self.eta:
+            raise InvariantViolation(f"a batch at version {batch.version} has staleness {max(staleness)} > eta {self.eta}")
+        self.policy.check_invariants()
+        rewards, groups = {}, {}
+        for e in batch.entries:
+            group = self.kept.pop(e.gid)
+            if set(group) & set(rewards):
+                raise InvariantViolation(f"group {e.gid} would be trained twice")
+            rewards |= group
+            groups[e.gid] = list(group)
+        return batch, rewards, groups
+
+    @property
+    def counters(self):
+        return self.policy.counters

@@ -1,0 +1,93 @@
+"""What a run reports: one row per training step (MLflow metrics, the progress line) and the summary.
+
+Rewards are counted when scored (everything generated, the policy's success rate) and when trained
+(the batch, after filters); both overall and per task type (`task/<name>/...`). A step in which
+nothing new was scored reports no `reward_all_mean` rather than 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+def _mean(xs) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class Metrics:
+    def __init__(self, plan: dict, log=print):
+        self.plan, self.log = plan, log
+        self.steps = next(a for a in plan["actors"] if a["role"] == "trainer")["steps"]
+        self.history: list[dict] = []
+        self.staleness_all: list[int] = []
+        self.scored: dict[str, list[float]] = {}  # task -> rewards scored since the last step
+        self._busy_prev = 0.0
+        self.t0 = time.monotonic()
+
+    def rewarded(self, task: str, rewards: list[float]) -> None:
+        self.scored.setdefault(task, []).extend(rewards)
+
+    def step_row(self, step: int, version: int, info: dict, trained: dict, wall: float, busy_s: float,
+                 n_instances: int, counters, counts: dict, recall: float | None) -> dict:
+        st, rw, lengths = info["staleness"], info["rewards"], info["lengths"]
+        mean_len = _mean(lengths) or 0.0
+        everything = [r for rs in self.scored.values() for r in rs]
+        row = {
+            "step": step, "version": version, "reward_mean": _mean(rw),
+            # the policy's success rate on everything scored since the last step (the trained batch is filter-biased)
+            "reward_all_mean": _mean(everything), "scored": len(everything),
+            "reward_std": math.sqrt(sum((r - _mean(rw)) ** 2 for r in rw) / len(rw)),
+            "staleness_mean": _mean(st), "staleness_max": max(st),
+            "length_mean": mean_len, "length_max": max(lengths, default=0),
+            # measured group tailness multiplier M_tail = E[max over a group] / E[L] (staleness-model.md)
+            "length_tailness": (_mean(info["group_max"]) / mean_len) if mean_len else 0.0,
+            "trajectories_per_s": len(rw) / wall, "tokens_per_s": trained.get("tokens", 0) / wall,
+            "trainer_idle_ratio": max(0.0, 1 - trained.get("step_time_s", 0) / wall),
+            "rollout_idle_ratio": max(0.0, 1 - (busy_s - self._busy_prev) / (wall * max(1, n_instances))),
+            "admitted": counters.admitted, "consumed": counters.consumed, "aborted": counters.aborted,
+            "filtered": counters.filtered, "dropped": counters.dropped, "in_flight": counters.in_flight,
+            "pending": counters.pending, **counts,
+            **{k: v for k, v in trained.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        }
+        self._busy_prev = busy_s
+        for task in self.plan["tasks"]:
+            mine = [i for i, t in enumerate(info["task_of_traj"]) if t == task]
+            row[f"task/{task}/reward_all_mean"] = _mean(self.scored.get(task, []))
+            row[f"task/{task}/scored"] = len(self.scored.get(task, []))
+            row[f"task/{task}/trained"] = len(mine)
+            row[f"task/{task}/reward_mean"] = _mean([rw[i] for i in mine])
+            row[f"task/{task}/length_mean"] = _mean([lengths[i] for i in mine])
+            row[f"task/{task}/staleness_mean"] = _mean([info["staleness_of_traj"][i] for i in mine])
+        self.scored = {}
+        for s in range(max(st) + 1):
+            row[f"staleness_hist_{s}"] = st.count(s)
+        pred = self.plan["prediction"]
+        if pred.get("available"):
+            row["staleness_predicted"] = pred["mean"]
+        if recall is not None:
+            row["ranker_recall_top20"] = recall
+        self.staleness_all += st
+        self.history.append(row)
+        return row
+
+    def progress(self, row: dict) -> None:
+        def f(x):
+            return "  -  " if x is None else f"{x:.3f}"
+
+        tasks = sorted({k.split("/")[1] for k in row if k.startswith("task/")})
+        per_task = "  ".join(f"{t} {f(row[f'task/{t}/reward_all_mean'])}" for t in tasks) if len(tasks) > 1 else ""
+        self.log(f"step {row['step']:>3}/{self.steps}  reward {f(row['reward_all_mean'])} (trained {f(row['reward_mean'])})"
+                 f"{'  [' + per_task + ']' if per_task else ''}  loss {row.get('loss', 0):+.4f}  "
+                 f"staleness mean {row['staleness_mean']:.2f} max {row['staleness_max']}  "
+                 f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s")
+
+    def summary(self, counters, counts: dict, run_id: str, recall: float | None) -> dict:
+        h = [r for r in self.history if r["reward_all_mean"] is not None]
+        k = max(1, min(10, len(h) // 3))  # mean over the first and last k steps that scored something
+        st = self.staleness_all
+        return {"steps": len(self.history), "reward_first": _mean([r["reward_all_mean"] for r in h[:k]]),
+                "reward_last": _mean([r["reward_all_mean"] for r in h[-k:]]), "window": k,
+                "staleness_mean": _mean(st) or 0.0, "staleness_max": max(st, default=0),
+                "counters": vars(counters), **counts, "elapsed_s": time.monotonic() - self.t0,
+                "mlflow_run_id": run_id, **({"ranker_recall_top20": recall} if recall is not None else {})}

@@ -1,0 +1,230 @@
+"""One reward stage as a live Ray Data stream: trajectory store -> reward -> group filter -> the driver's queue.
+
+The source is a custom Datasource with one read task that pulls complete groups from the store until the store
+ends the stage: no tick budget, so start-up does not depend on the number of training steps. Back-pressure is
+credit-based: the store hands out at most IN_FLIGHT_PER_ACTOR x concurrency groups that the driver has not yet
+received (Ray Data's own back-pressure counts object-store bytes, and small bundles never reach it), so the
+rest wait in the store.
+
+Rows: one row is one pull, a bundle of whole groups (column `groups`, a list of group structs). The group filter
+needs whole groups and the reward is per trajectory; bundling keeps per-block overhead off each group (a block
+per group measured ~18 groups/s here, a block per pull ~230 groups/s).
+
+Output: `start(out)` puts ("rewarded", stage, batch) per bundle, where batch is a dict of equal-length lists,
+one entry per trajectory, whole groups only: group_id, traj_id, task, reward (float; nan when it failed),
+reward_error ("" or "<fn> raised <Type>: <msg>"), kept (the group filter's verdict for the member's group).
+On failure, or if the stream ends while not closed, it puts ("error", stage, RuntimeError naming the stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+import queue
+import threading
+import warnings
+
+import pyarrow as pa
+import ray
+from ray.data import ActorPoolStrategy, DataContext
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from rlflow import registry
+
+PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
+MAX_GROUPS_PER_PULL = 16  # the most groups one bundle (row) holds
+IN_FLIGHT_PER_ACTOR = 64  # groups pulled but not yet delivered, per reward actor (the back-pressure window)
+CLOSE_TIMEOUT_S = 10.0
+# Ray Data restarts a dead operator actor and retries its batch forever by default, so a reward that kills its
+# process on some group would hang the run: a few restarts survive a lost worker, then the stream fails.
+# Passed as map_batches(**ray_remote_args), the way Ray 2.60 documents; deprecated for 2.64 (Ray is pinned).
+RESTARTS = {"max_restarts": 2, "max_task_retries": 2}
+
+
+def reward_caller(fn):
+    """fn(completion, answer[, prompt=][, row=]) as call(completion, answer, prompt, row): passes the extra
+    keywords only when fn's signature accepts them (by name, or through **kwargs)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature (some builtins): the two-argument form
+        params = []
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    extra = [k for k in ("prompt", "row") if takes_any or k in names]
+
+    def call(completion: str, answer: str, prompt: str, row: dict):
+        given = {"prompt": prompt, "row": row}
+        return fn(completion, answer, **{k: given[k] for k in extra})
+
+    return call
+
+
+def filter_verdict(fn, rewards: list[float], errors: list[str]) -> bool:
+    """Keep a group? Judged on its members that scored; a group with none is dropped."""
+    ok = [r for r, e in zip(rewards, errors, strict=True) if not e]
+    return bool(ok) and (fn is None or bool(fn(ok)))
+
+
+class GroupSource(Datasource):
+    """The live source: one read task that yields a bundle per pull of complete groups until the stage ends."""
+
+    def __init__(self, store, stage: str, max_in_flight: int):
+        super().__init__()
+        self.store, self.stage, self.max_in_flight = store, stage, max_in_flight
+
+    def estimate_inmemory_data_size(self):
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
+        store, stage, max_in_flight = self.store, self.stage, self.max_in_flight
+
+        def pull():
+            try:
+                if ray.get(store.attach.remote(stage, os.getpid())) > 1:
+                    # Ray re-ran this read task after its worker died: the groups the dead one had pulled are
+                    # gone. Ray Data 2.60 may swallow this error (the stream then just ends); either way it fails.
+                    raise RuntimeError(f"the source of reward stage '{stage}' restarted after its worker died")
+                while True:
+                    rows = ray.get(store.next_groups.remote(stage, PULL_TIMEOUT_S, MAX_GROUPS_PER_PULL, max_in_flight))
+                    if rows is None:  # the stage was ended: RewardStream.close() or TrajectoryStore.close()
+                        return
+                    if rows:
+                        yield pa.Table.from_pylist([{"groups": rows}])
+            except ray.exceptions.RayError as e:  # re-raised plainly: Ray's own may not deserialize in the driver
+                raise RuntimeError(f"reward stage '{stage}' lost the trajectory store: {type(e).__name__}") from None
+
+        return [ReadTask(pull, BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None))]
+
+
+@contextlib.contextmanager
+def one_row_per_block():
+    """Datasets created inside pass every row downstream as its own block, the moment it is yielded.
+
+    A read task's yields are merged up to `target_max_block_size` before they move on, so a live source would
+    deliver nothing until it ended (PLATFORM-NOTES, "Ray Data as a live stream", 1). A 1-byte target makes the
+    read side cut after every row, and a row is a whole bundle of groups. Public API only, no Ray internal: each
+    Dataset captures a copy of DataContext.get_current() when created (its docstring shows this per-dataset
+    use), and the setting is restored for everything else. Guarded by
+    tests/integration/test_streams.py::test_group_flows_while_stream_open.
+    """
+    ctx = DataContext.get_current()
+    saved = (ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start)
+    ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start = 1, False, False
+    try:
+        yield
+    finally:
+        ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+
+
+def _each_group(bundles: pa.Table):
+    return (g for bundle in bundles.column("groups").to_pylist() for g in bundle)
+
+
+class Score:
+    """Ray Data actor: reward per trajectory; a raising reward marks that trajectory failed, not the stream."""
+
+    def __init__(self, fn_ref: str):
+        self.fn_ref, self.call = fn_ref, reward_caller(registry.resolve("reward", fn_ref))
+
+    def __call__(self, bundles: pa.Table) -> pa.Table:
+        scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
+        return pa.Table.from_pydict({"groups": scored})
+
+    def score(self, g: dict) -> dict:
+        row, rewards, errors = json.loads(g["row"]), [], []
+        for completion in g["completion"]:
+            try:
+                rewards.append(float(self.call(str(completion), g["answer"], g["prompt"], row)))
+                errors.append("")
+            except Exception as e:  # noqa: BLE001 - user code: contain the failure to this trajectory
+                rewards.append(float("nan"))
+                errors.append(f"{self.fn_ref} raised {type(e).__name__}: {e}")
+        return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], "reward": rewards,
+                "reward_error": errors}
+
+
+class FilterGroups:
+    """Ray Data actor: the group filter's verdict per group (`kept`)."""
+
+    def __init__(self, fn_ref: str | None):
+        self.fn = registry.resolve("filter", fn_ref) if fn_ref else None
+
+    def __call__(self, bundles: pa.Table) -> pa.Table:
+        judged = [[{**g, "kept": filter_verdict(self.fn, g["reward"], g["reward_error"])} for g in b]
+                  for b in bundles.column("groups").to_pylist()]
+        return pa.Table.from_pydict({"groups": judged})
+
+
+def per_trajectory(bundles: pa.Table) -> dict:
+    """Bundles of judged groups -> the output batch, one entry per trajectory."""
+    out = {k: [] for k in ("group_id", "traj_id", "task", "reward", "reward_error", "kept")}
+    for g in _each_group(bundles):
+        for tid, r, err in zip(g["traj_id"], g["reward"], g["reward_error"], strict=True):
+            for k, v in (("group_id", g["group_id"]), ("traj_id", tid), ("task", g["task"]), ("reward", r),
+                         ("reward_error", err), ("kept", g["kept"])):
+                out[k].append(v)
+    return out
+
+
+class RewardStream:
+    """Reward stage `stage` as Ray Data operators over the store's queue for it; `start(out)` delivers batches."""
+
+    def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float):
+        registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
+        if filter_fn:
+            registry.resolve("filter", filter_fn)
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # the run prints its own progress
+        self.store, self.stage = store, stage
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        with one_row_per_block(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")  # see RESTARTS
+            # the read task holds its CPU for the stream's life: give it a sliver (PLATFORM-NOTES 2)
+            self.dataset = (
+                ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
+                                         override_num_blocks=1, num_cpus=0.01)
+                .map_batches(Score, fn_constructor_args=(reward_fn,), batch_size=None, batch_format="pyarrow",
+                             compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS)
+                .map_batches(FilterGroups, fn_constructor_args=(filter_fn,), batch_size=None, batch_format="pyarrow",
+                             compute=ActorPoolStrategy(size=1), num_cpus=0.01, **RESTARTS)
+            )
+
+    def start(self, out: queue.Queue) -> None:
+        """Run the stream in a daemon thread that puts its events on `out` (see the module docstring)."""
+        self._thread = threading.Thread(target=self._run, args=(out,), name=f"reward-stream-{self.stage}", daemon=True)
+        self._thread.start()
+
+    def _run(self, out: queue.Queue) -> None:
+        try:  # batch_size=None, prefetch_batches=0: each bundle as soon as it exists (PLATFORM-NOTES 3)
+            for bundles in self.dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"):
+                batch = per_trajectory(bundles)
+                if batch["traj_id"]:
+                    out.put(("rewarded", self.stage, batch))
+                    self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
+            if not self._closing.is_set():
+                raise RuntimeError(self._why_ended())
+        except Exception as e:  # noqa: BLE001 - whatever stopped it, the driver hears of it
+            if not self._closing.is_set():
+                err = RuntimeError(f"reward stream '{self.stage}' stopped: {type(e).__name__}: {e}")
+                out.put(("error", self.stage, err))
+
+    def _why_ended(self) -> str:
+        try:
+            readers = ray.get(self.store.readers.remote(self.stage), timeout=CLOSE_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - a dead or stuck store is the answer
+            return f"its source ended and the trajectory store does not answer ({type(e).__name__})"
+        if len(readers) > 1:
+            return f"its source's worker (pid {readers[0]}) died; Ray re-ran it, and the groups it held may be lost"
+        return "its source ended although the stream was not closed (the trajectory store was closed)"
+
+    def close(self) -> None:
+        """End the stream: the store ends this stage's source, Ray Data finishes, the thread exits."""
+        self._closing.set()
+        with contextlib.suppress(Exception):  # a dead store ends the source too
+            ray.get(self.store.end_stage.remote(self.stage), timeout=CLOSE_TIMEOUT_S)
+        if self._thread is not None:
+            self._thread.join(CLOSE_TIMEOUT_S)

@@ -1,0 +1,231 @@
+"""One rollout stage of the plan: its instances, the coordinator that routes to them, its task types.
+
+Prompts of the stage's tasks are drawn from the prompt source into the coordinator's trajectory server
+(one batch of groups ahead, staleflow.txt §5.1). Every routing and weight-sync decision is a coordinator
+cycle (operators/coordinator.py, Algorithm 1) — vanilla least-loaded routing with global or per-instance
+sync included, so there is one routing path. The commands travel in each instance's next step call
+(rollout_worker.py). When every member of a group has finished, the group goes to its task's reward
+stage through the trajectory store, and the buffer learns its V_traj.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rlflow.operators.groups import GroupAssembler
+from rlflow.plan_read import stage_coordination
+from rlflow.runtime.dispatch_lanes import RuntimeDispatch
+from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
+from rlflow.runtime.route_queue import traj_id
+from rlflow.runtime.rollout_worker import RolloutWorker
+from rlflow.stages.trajectory import member_id
+
+
+@dataclass
+class RolloutInstance:
+    """The driver's view of one rollout instance (a RolloutWorker actor)."""
+
+    index: int
+    handle: object
+    version: int = 0
+    alive: bool = True
+    ref: object = None  # the outstanding step call
+    routes: list = field(default_factory=list)  # commands for the next step
+    aborts: list = field(default_factory=list)
+    interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
+    pull: object = None  # (version, [ref]) to load at the next step
+    snapshot: dict | None = None  # the worker's report at the end of its last step
+    running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)
+    idle: bool = True  # the engine had nothing left at its last report
+    busy_s: float = 0.0  # seconds generating or loading weights
+
+    @property
+    def load(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.routes or self.aborts or self.interrupts or self.pull or not self.idle)
+
+
+class RolloutFleet:
+    """A rollout stage's instances, group assembly and coordinator."""
+
+    def __init__(self, plan: dict, stage: str, *, model_dir: str, store, buffer, prompts, counts: dict, log=print):
+        self.stage, self.store, self.buffer, self.prompts, self.counts, self.log = stage, store, buffer, prompts, counts, log
+        actors = [a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == stage]
+        self.spec = actors[0]
+        self.tasks = list(self.spec["tasks"])
+        self.reward_stage = {t: plan["tasks"][t]["reward"] for t in self.tasks}
+        self.group_size = self.spec["group_size"]
+        self.members = self.group_size + self.spec["group_redundancy"]  # trajectories launched per group
+        self.batch_groups = plan["control"]["staleness"]["batch_size"]
+        self.instances = [
+            RolloutInstance(a["index"], RolloutWorker.options(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"]).remote(
+                a["engine"], model_dir, a["index"], a["engine_kwargs"], store))
+            for a in actors]
+        self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
+        pc = stage_coordination(plan, stage)
+        rollout = self.spec["engine_kwargs"] | {k: self.spec[k] for k in ("group_size", "group_redundancy")}
+        self.coordination = RuntimeCoordinator.for_stage(pc, rollout, self.instances, counts, log=log)
+        self.dispatch = RuntimeDispatch.for_stage(pc, rollout, batch_groups=self.batch_groups,
+                                                  max_model_len=self.spec["engine_kwargs"]["max_model_len"],
+                                                  counts=counts, log=log)
+        self.replay: list[dict] = []  # prompts drawn before a checkpoint but never routed: drawn first
+        self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
+        self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
+        self.pull_s = 0.0
+        self.t0 = time.monotonic()
+        for k in ("rerouted", "aborted_trajectories"):
+            counts.setdefault(k, 0)
+
+    def ready_refs(self) -> list:
+        return [i.handle.ready.remote() for i in self.instances]
+
+    def start_at(self, version: int, ref) -> None:
+        """A resumed run: every instance loads the restored version first."""
+        for inst in self.instances:
+            inst.pull, inst.version = (version, ref), version
+            self.coordination.coord.P.inst_version[inst.index] = version
+
+    # ------------------------------------------------------------------ prompts -> the TS
+    def _draw(self) -> tuple[str, list[dict]]:
+        p = self.replay.pop(0) if self.replay else self.prompts.next(self.tasks)
+        gid = f"{p['task']}-{p['n']}"
+        return gid, [{"group_id": gid, "index": m, "prompt": p["prompt"], "answer": p["answer"],
+                      "prompt_ids": p["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
+                      "version": 0, "versions_seen": [], "task": p["task"], "row": p["row"], "n": p["n"]}
+                     for m in range(self.members)]
+
+    def _top_up(self) -> None:
+        """Keep one batch of groups drawn ahead but not routed (§5.1: the TS samples prompts ahead).
+        Skew-aware dispatch (Algorithm 2) re-plans over them when new ones arrive or the ranker learned."""
+        ts, drawn = self.coordination.queue, False
+        while ts.initial_groups < self.batch_groups:
+            ts.add_group(*self._draw())
+            drawn = True
+        if self.dispatch is not None and (drawn or self.dispatch.dirty):
+            prompts = {r["group_id"]: r["prompt"] for r in ts.initial_rows()}
+            self.dispatch.plan(prompts, sum(i.alive for i in self.instances))
+
+    def unrouted(self) -> list[dict]:
+        """Prompts drawn ahead that no instance has seen (a checkpoint keeps them, so --resume draws them first)."""
+        keys = ("task", "n", "prompt", "answer", "prompt_ids", "row")
+        return [{k: r[k] for k in keys} for r in self.coordination.queue.initial_rows()]
+
+    # ------------------------------------------------------------------ the coordinator cycle
+    def next_cycle_in(self, now: float) -> float:
+        """Seconds until a cycle is due (0: now)."""
+        c = self.coordination
+        return 0.0 if c.holding or c.due(now, self.instances) else max(0.0, c.next_cycle - now)
+
+    def coordinate(self, ps_version: int, ps_ref) -> None:
+        """One cycle (staleflow.txt §5.2) on an exact snapshot, when one is due: instances that return are
+        held until every alive one has, then sync, migration and routing commands are queued for them."""
+        c, now = self.coordination, time.monotonic()
+        if not c.holding and not c.due(now, self.instances):
+            return
+        c.holding = True
+        if any(i.ref is not None for i in self.instances if i.alive):
+            return  # wait for every instance to finish its step
+        self._top_up()
+        c.cycle(self.instances, ps_version, ps_ref, self.buffer.verify, self._reserve, self._launch, dispatch=self.dispatch)
+        c.holding = False
+        c.next_cycle = now + c.interval_s
+
+    def _reserve(self, gid: str, version: int) -> None:
+        """Routing reserves a group with the staleness policy when it routes its first member (Algorithm 2)."""
+        self.buffer.reserve(gid, version)
+        self.assembler.open(gid, version)
+        if self.dispatch is not None:
+            self.dispatch.routed(gid)
+
+    def _launch(self, row: dict) -> None:
+        gid, tid = row["group_id"], traj_id(row)
+        if tid not in self.assembler.running(gid):
+            self.assembler.launch(gid, tid, self.coordination.queue.reserved[gid])
+
+    def send(self, submit) -> None:
+        """Issue a step call to every alive instance that has work or commands (none while a cycle holds)."""
+        if self.coordination.holding:
+            return
+        for inst in self.instances:
+            if inst.alive and inst.ref is None and inst.has_work():
+                self.coordination.sent(inst)
+                inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull)
+                inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
+                submit(inst.ref, ("step", self, inst))
+
+    def outstanding(self) -> list[str]:
+        return [f"{self.stage} instance {i.index} step" for i in self.instances if i.ref is not None]
+
+    # ------------------------------------------------------------------ results
+    def on_step(self, inst: RolloutInstance, result: dict) -> None:
+        inst.ref = None
+        inst.busy_s += result["busy_s"] + result["pull_s"]
+        inst.idle = result["idle"]
+        snap = result["snapshot"]
+        inst.version, inst.snapshot = snap["version"], snap
+        self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap["run_trajs"])))
+        self.pull_s += result["pull_s"]
+        for meta in result["finished"]:
+            tid = member_id(meta["group_id"], meta["index"])
+            self.lengths[tid] = meta["tokens"]
+            self.coordination.finished(inst, tid)
+            if inst.running.pop(tid, None) is None:
+                continue  # finished after we aborted it: the store's copy is discarded with the abort
+            gid = meta["group_id"]
+            if gid not in self.assembler:
+                self.store.discard.remote([tid])
+                continue
+            done = self.assembler.finish(gid, tid)
+            if done is not None:
+                self._group_done(gid, done)
+        # partial rollouts back to the TS, or to the instance a Route waits with
+        self.counts["rerouted"] += self.coordination.returned(inst, result["interrupted"], self.instances)
+
+    def _group_done(self, gid: str, done) -> None:
+        self._abort_members(done.surplus)
+        unrouted = self.coordination.queue.forget_group(gid)  # members never routed leave the TS (no payload)
+        ids = (member_id(gid, m) for m in range(self.members))
+        members = [t for t in ids if t not in done.surplus and t not in unrouted]
+        self.buffer.completed(gid, done.version)
+        task = gid.rsplit("-", 1)[0]
+        self.store.enqueue_group.remote(self.reward_stage[task], members)
+        if self.dispatch is not None:  # the ranker learns the prompt's completion length
+            self.dispatch.completed(gid, [self.lengths[t] for t in members if t in self.lengths])
+
+    def abort_group(self, gid: str) -> bool:
+        """The buffer evicted a group still generating (e.g. batch-redundancy surplus); False if not ours."""
+        if gid not in self.assembler:
+            return False
+        if self.dispatch is not None:
+            self.dispatch.forget(gid)
+        self._abort_members(self.assembler.abort(gid))
+        self.coordination.queue.forget_group(gid)
+        return True
+
+    def _abort_members(self, traj_ids) -> None:
+        for tid in traj_ids:
+            for inst in self.instances:
+                if inst.running.pop(tid, None) is not None and self.coordination.abort(inst, tid):
+                    inst.aborts.append(tid)
+            self.coordination.queue.drop(tid)  # a partial one waiting in the TS
+            self.counts["aborted_trajectories"] += 1
+        self.store.discard.remote(list(traj_ids))
+
+    def on_death(self, inst: RolloutInstance, err: Exception) -> None:
+        """A dead instance's trajectories go back to the TS; the next cycle routes them to the others."""
+        inst.alive, inst.ref = False, None
+        self.log(f"rollout instance {self.stage}-{inst.index} died ({type(err).__name__}); "
+                 f"re-routing its {len(inst.running)} trajectories")
+        if not any(i.alive for i in self.instances):
+            raise RuntimeError(f"every instance of rollout stage '{self.stage}' has died; nothing can generate "
+                               "its tasks (see the Ray logs above)")
+        orphans, inst.running = list(inst.running.values()), {}
+        self.coordination.orphaned(inst, orphans)
+        inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
+        self.counts["rerouted"] += len(orphans)
+
+    def busy_s(self) -> float:
+        return sum(i.busy_s for i in self.instances)

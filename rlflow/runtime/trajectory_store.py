@@ -1,0 +1,128 @@
+"""The trajectory store: payloads between rollout and train, and the source queues of the reward streams.
+
+Token ids and log-probs never pass through the driver (StaleFlow §5.1's trajectory server): rollout workers
+`put` finished trajectories, the rollout fleet `enqueue_group`s a complete group on its task's reward stage,
+that stage's reward stream pulls whole groups with `next_groups` and reports them `delivered` once the driver
+has them, and the trainer `take`s what it trains. Pulled-but-not-delivered groups are capped per stage
+(`max_in_flight`): that cap is the reward stream's back-pressure; the rest wait here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter, deque
+
+import ray
+
+from rlflow.stages.trajectory import member_id
+
+
+@ray.remote(num_cpus=0)
+class TrajectoryStore:
+    """Payloads by trajectory id, plus one queue of complete groups per reward stage."""
+
+    def __init__(self):
+        self._payload: dict[str, dict] = {}  # traj_id -> Trajectory.as_dict()
+        self._queues: dict[str, deque[list[str]]] = {}  # reward stage -> complete groups (traj ids) waiting
+        self._events: dict[str, asyncio.Event] = {}  # set when a stage's queue or credit changes
+        self._ended: set[str] = set()  # stages whose stream was ended by end_stage()
+        self._closed = False
+        self._pulled: Counter = Counter()  # reward stage -> groups handed to its stream
+        self._delivered: Counter = Counter()  # reward stage -> groups its stream delivered to the driver
+        self._readers: dict[str, list[int]] = {}  # reward stage -> pids of the read tasks that attached, in order
+
+    def _event(self, stage: str) -> asyncio.Event:
+        return self._events.setdefault(stage, asyncio.Event())
+
+    def put(self, trajectories: list[dict]) -> int:
+        """Store finished trajectories (rollout workers call this before they report completion)."""
+        for t in trajectories:
+            self._payload[member_id(t["group_id"], t["index"])] = t
+        return len(self._payload)
+
+    def enqueue_group(self, stage: str, traj_ids: list[str]) -> None:
+        """A group is complete: send it down reward stage `stage`'s stream."""
+        missing = [t for t in traj_ids if t not in self._payload]
+        if missing:
+            raise KeyError(f"trajectory store has no payload for {missing}; enqueue only stored trajectories")
+        self._queues.setdefault(stage, deque()).append(list(traj_ids))
+        self._event(stage).set()
+
+    async def next_groups(self, stage: str, timeout_s: float = 5.0, max_groups: int = 64,
+                          max_in_flight: int | None = None) -> list[dict] | None:
+        """Up to max_groups whole groups for `stage`, one row per group (light fields only), keeping at most
+        max_in_flight pulled but not delivered. Waits up to timeout_s; [] on timeout; None once the stage ended."""
+        deadline = time.monotonic() + timeout_s
+        q = self._queues.setdefault(stage, deque())
+        while not self._ended_(stage) and (not q or self._credit(stage, max_in_flight) <= 0):
+            event = self._event(stage)
+            event.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return []
+        if self._ended_(stage):
+            return None
+        groups = [q.popleft() for _ in range(min(max_groups, len(q), self._credit(stage, max_in_flight)))]
+        # a group discarded after it was enqueued (aborted by the buffer) is not scored
+        groups = [ids for ids in groups if all(t in self._payload for t in ids)]
+        self._pulled[stage] += len(groups)
+        return [self._group_row(ids) for ids in groups]
+
+    def _ended_(self, stage: str) -> bool:
+        return self._closed or stage in self._ended
+
+    def _credit(self, stage: str, max_in_flight: int | None) -> int:
+        if max_in_flight is None:
+            return len(self._queues[stage])
+        return max_in_flight - (self._pulled[stage] - self._delivered[stage])
+
+    def _group_row(self, traj_ids: list[str]) -> dict:
+        members = [self._payload[t] for t in traj_ids]
+        first = members[0]
+        return {"group_id": first["group_id"], "task": first.get("task", "main"), "prompt": first["prompt"],
+                "answer": str(first["answer"]), "row": json.dumps(first.get("row") or {}, default=str),
+                "traj_id": list(traj_ids), "completion": [m["completion"] for m in members]}
+
+    def delivered(self, stage: str, n_groups: int) -> None:
+        """`stage`'s stream handed n_groups scored groups to the driver: that much credit returns."""
+        self._delivered[stage] += n_groups
+        self._event(stage).set()
+
+    def attach(self, stage: str, pid: int) -> int:
+        """A reward stream's read task starts on `stage`; returns how many have attached to it (a retry is > 1)."""
+        self._readers.setdefault(stage, []).append(pid)
+        return len(self._readers[stage])
+
+    def readers(self, stage: str) -> list[int]:
+        """Process ids of the read tasks that attached to `stage` (for diagnostics and tests)."""
+        return list(self._readers.get(stage, []))
+
+    def counts(self, stage: str) -> dict[str, int]:
+        """Groups of `stage`: waiting here, pulled by its stream, delivered to the driver."""
+        return {"pending": len(self._queues.get(stage, ())), "pulled": self._pulled[stage],
+                "delivered": self._delivered[stage]}
+
+    def end_stage(self, stage: str) -> None:
+        """End one reward stage's stream: its pending and future next_groups calls return None at once."""
+        self._ended.add(stage)
+        self._event(stage).set()
+
+    def close(self) -> None:
+        """End every reward stream."""
+        self._closed = True
+        for event in self._events.values():
+            event.set()
+
+    def take(self, traj_ids: list[str]) -> list[dict]:
+        """Hand payloads to the trainer and forget them."""
+        return [self._payload.pop(t) for t in traj_ids]
+
+    def discard(self, traj_ids: list[str]) -> int:
+        """Forget payloads that will not be trained (aborted, filtered, dropped)."""
+        return sum(self._payload.pop(t, None) is not None for t in traj_ids)
