@@ -10,17 +10,23 @@ from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.plan import lower
 from rlflow.schema import Pipeline
-from rlflow.validate import validate
+from rlflow.user_code import python_path, search_dirs
+from rlflow.validate import validate_partial
 
 DEFAULT_PLAN = Path(".rlflow/plan.json")
 
 
 def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipeline, loader.Document]:
-    """Parse, validate and check a pipeline file; raise PipelineInvalid with every problem."""
+    """Parse, validate and check a pipeline file; raise PipelineInvalid with every problem.
+
+    Schema problems do not hide the graph's and components' (an unknown stage, a missing reward):
+    those rules also run on the pipeline without its bad values where that still builds.
+    """
     doc = loader.load(path)
     loader.apply_overrides(doc, list(overrides))
-    spec = validate(doc)
-    problems = graph.check(spec, Path(path).resolve().parent)
+    spec, problems, repairs = validate_partial(doc)
+    if spec is not None:
+        problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
     if problems:
         located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
         raise PipelineInvalid(doc.source, located)
@@ -28,10 +34,24 @@ def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipelin
 
 
 def compile_pipeline(path: str | Path, overrides: list[str] = ()) -> dict:
-    """The physical plan of a pipeline file."""
+    """The physical plan of a pipeline file.
+
+    plan["python_path"]: the directories (absolute) that modules named by the pipeline's import strings
+    were found in beside the pipeline or in the working directory; every worker needs them on its path.
+    """
     spec, _ = check_pipeline(path, overrides)
     text = Path(path).read_text()
-    return lower(spec, source=str(path), text=text, overrides=list(overrides), base_dir=Path(path).resolve().parent)
+    base_dir = Path(path).resolve().parent
+    plan = lower(spec, source=str(path), text=text, overrides=list(overrides), base_dir=base_dir)
+    plan["python_path"] = python_path(import_strings(spec), search_dirs(base_dir))
+    return plan
+
+
+def import_strings(spec: Pipeline) -> list[str]:
+    """The `module:attr` references of a pipeline (rewards, filters, rankers, engines)."""
+    refs = [getattr(s, "fn", None) or getattr(s, "engine", None) for s in spec.stages.values()]
+    refs += [getattr(e.policy, "filter", None) or getattr(e.policy, "ranker", None) for e in spec.edges]
+    return [r for r in refs if r and ":" in r and not r.startswith("builtin:")]
 
 
 def write_plan(plan: dict, out: str | Path = DEFAULT_PLAN) -> tuple[Path, Path]:
@@ -117,6 +137,8 @@ def summary(plan: dict) -> str:
                      f"  (rho={pred['rho']:.2f}, C={pred['concurrency']}, B={pred['batch_samples']}, M_tail={pred['tail_multiplier']:.2f}, q={pred['queue_factor']:g})")
     else:
         lines.append(f"  predicted mean staleness: n/a ({pred['reason']})")
+    if plan.get("python_path"):
+        lines.append(f"  user code: modules from {', '.join(plan['python_path'])} (plan python_path: the workers need it on their path)")
     r = plan["resources"]
     lines.append(f"  resources: {r['num_cpus']:g} CPUs, {r['num_gpus']:g} GPUs over {len(plan['actors'])} actors"
                  + (f" on {r['cluster']['address']}" if r["cluster"]["address"] else " on an embedded local Ray cluster"))

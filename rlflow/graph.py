@@ -1,24 +1,27 @@
 """Pipeline -> networkx graph, and the rules the graph and its policies must keep (ARCHITECTURE.md §3).
 
 Every check appends Problems; nothing raises until all rules ran, so one compile shows every error.
-The rules reject what the runtime cannot run (SHAPES); task-type routing rules are in rlflow/task_routes.py.
+The rules reject what the runtime cannot run (SHAPES); task-type routing rules are in rlflow/task_routes.py;
+what the pipeline names outside itself (components, files, the model's limits) in rlflow/component_checks.py.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import networkx as nx
 
-from rlflow import registry
+from rlflow.component_checks import (
+    check_components,
+    check_data,
+    check_profiles,
+    component,
+    resolve_path,  # noqa: F401 - re-exported for rlflow/plan.py
+)
 from rlflow.errors import Problem, did_you_mean
 from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
 from rlflow.task_routes import BACK_EDGE, check_tasks, kind_of
-
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+from rlflow.user_code import importable_from
 
 #: the data edges the runtime executes, as (source kind, target kind); train -> rollout is the weight_sync back edge
 SHAPES = {("data", "rollout"), ("rollout", "reward"), ("reward", "buffer"), ("reward", "train"), ("buffer", "train")}
@@ -58,18 +61,22 @@ def data_graph(g: nx.DiGraph) -> nx.DiGraph:
 
 
 def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
-    """All graph, policy and component problems of a schema-valid pipeline."""
+    """All graph, policy and component problems of a schema-valid pipeline.
+
+    Import strings resolve with `base_dir` (the pipeline's directory) and the working directory on sys.path.
+    """
     problems: list[Problem] = []
-    dangling = _check_names(spec, problems)
-    g = build_graph(spec)
-    # An edge to an unknown stage disconnects the graph; reachability errors would only echo it.
-    _check_shape(spec, g, problems, connectivity=not dangling)
-    _check_edge_shapes(spec, g, problems, skip=dangling)
-    _check_policies(spec, problems, skip=dangling)
-    _check_data(spec, base_dir, problems)
-    check_tasks(spec, problems, dangling, edge_rules=EDGE_SHAPE_RULES, structural_rules=STRUCTURAL_RULES)
-    _check_components(spec, base_dir, problems)
-    _check_profiles(spec, base_dir, problems)
+    with importable_from(base_dir):
+        dangling = _check_names(spec, problems)
+        g = build_graph(spec)
+        # An edge to an unknown stage disconnects the graph; reachability errors would only echo it.
+        _check_shape(spec, g, problems, connectivity=not dangling)
+        _check_edge_shapes(spec, g, problems, skip=dangling)
+        _check_policies(spec, problems, skip=dangling)
+        check_data(spec, base_dir, problems)
+        check_tasks(spec, problems, dangling, edge_rules=EDGE_SHAPE_RULES, structural_rules=STRUCTURAL_RULES)
+        check_components(spec, base_dir, problems)
+        check_profiles(spec, base_dir, problems)
     return problems
 
 
@@ -219,9 +226,9 @@ def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> 
                                         "which only the simulator's synthetic lengths give; `rlflow run` cannot run it",
                                         "oracle-ranker-not-runnable", "use ranker: learned (rlflow simulate models a learned ranker as a noisy oracle)"))
             else:
-                _component(problems, "ranker", p.ranker, loc + ("ranker",))
+                component(problems, "ranker", p.ranker, loc + ("ranker",))
         if p.kind == "streaming" and p.filter is not None:
-            _component(problems, "filter", p.filter, loc + ("filter",))
+            component(problems, "filter", p.filter, loc + ("filter",))
             if src is None or src.kind != "reward":
                 problems.append(Problem(loc + ("filter",), f"filters act on rewarded groups, but '{e.from_}' is not a reward stage",
                                         "filter-placement", "put the filter on the edge out of a reward stage"))
@@ -261,66 +268,6 @@ def batch_groups(spec: Pipeline) -> int | None:
     return spec.stages[buffers[0]].batch_groups if buffers else spec.data.prompts_per_step
 
 
-def _component(problems: list[Problem], category: str, ref: str, loc: tuple) -> None:
-    try:
-        registry.check_reference(category, ref)
-    except registry.ComponentError as err:
-        problems.append(Problem(loc, str(err).split("; ")[0], f"unknown-{category}", "; ".join(str(err).split("; ")[1:])))
-
-
-def resolve_path(ref: str, base_dir: Path) -> Path | None:
-    """A file reference relative to the pipeline's directory or one of its parents, else the working dir.
-
-    So `configs/deepspeed/zero1.json` works from pipelines/ in the repo and from any working dir.
-    """
-    for candidate in (*(d / ref for d in (base_dir, *base_dir.parents)), Path.cwd() / ref):
-        if candidate.exists():
-            return candidate.resolve()
-    return None
-
-
-def _check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
-    rollouts = stages_of(spec, "rollout")
-    for name, stage in spec.stages.items():
-        loc = ("stages", name)
-        if stage.kind == "rollout":
-            _component(problems, "engine", stage.engine, loc + ("engine",))
-            if stage.max_new_tokens >= spec.model.max_model_len:
-                problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
-                                        "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
-        elif stage.kind == "reward":
-            _component(problems, "reward", stage.fn, loc + ("fn",))
-        elif stage.kind == "train":
-            path = resolve_path(stage.deepspeed, base_dir)
-            if path is None:
-                problems.append(Problem(loc + ("deepspeed",), f"no such DeepSpeed config '{stage.deepspeed}'", "missing-file",
-                                        "use one of configs/deepspeed/*.json"))
-            else:
-                _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
-    for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
-        first, t = rollouts[0], spec.stages[name].temperature
-        if t != spec.stages[first].temperature:
-            problems.append(Problem(("stages", name, "temperature"), f"rollout '{name}' samples at temperature {t:g} but '{first}' at "
-                                    f"{spec.stages[first].temperature:g}; the trainer recomputes log-probs at one temperature",
-                                    "temperatures-differ", "use one temperature in every rollout stage"))
-    mp = spec.model.path
-    if mp.startswith("builtin:"):
-        _component(problems, "model", mp, ("model", "path"))
-    else:
-        path = resolve_path(mp, base_dir)
-        if path is None or not (path / "config.json").exists():
-            problems.append(Problem(("model", "path"), f"'{mp}' is not a local Hugging Face model directory (no config.json)",
-                                    "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))
-
-
-def _read_json(path: Path, ref: str, loc: tuple, problems: list[Problem]):
-    """The parsed file, or None with a bad-json problem."""
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        problems.append(Problem(loc, f"'{ref}' is not valid JSON ({err})", "bad-json", "fix the file"))
-        return None
-
 
 # --------------------------------------------------------------------------- edge shapes the runtime runs
 
@@ -350,89 +297,3 @@ def _check_edge_shapes(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], s
             why, out = "", f"reconnect '{e.from_}' into one of those shapes"
         problems.append(Problem(("edges", i), f"edge {e.from_} -> {e.to} is {src} -> {dst}{why}, not a shape the runtime runs",
                                 "unsupported-edge", f"the runtime runs {SHAPES_TEXT}; {out}"))
-
-
-# --------------------------------------------------------------------------- data and task types
-
-
-def _check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
-    d = spec.data
-    if d.source is not None and d.tasks is not None:
-        problems.append(Problem(("data",), "data sets both source and tasks", "data-source-or-tasks",
-                                "keep source for one task type, or list every source under tasks: {<name>: {source: ...}}"))
-    elif d.source is None and d.tasks is None:
-        problems.append(Problem(("data",), "data has neither source nor tasks", "data-source-or-tasks",
-                                "set data.source: builtin:arith, or data.tasks: {<name>: {source: ...}, ...}"))
-    if d.source is not None:
-        _check_source(d.source, ("data", "source"), base_dir, problems)
-    for name, task in (d.tasks or {}).items():
-        if not TASK_NAME.match(name):
-            problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
-                                    "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
-        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems)
-    if d.tasks is not None:
-        for field in ("limit", "prompt_field", "answer_field"):
-            if field in d.model_fields_set:
-                problems.append(Problem(("data", field), f"data.{field} applies to data.source; with data.tasks each task has its own",
-                                        "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))
-
-
-def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem]) -> None:
-    if src.startswith("builtin:"):
-        _component(problems, "task", src, loc)
-    elif not src.endswith(DATA_SUFFIXES):
-        problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
-                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
-    elif resolve_path(src, base_dir) is None:
-        problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
-
-
-# --------------------------------------------------------------------------- cost-model profiles
-
-
-def _profile_users(spec: Pipeline, name: str) -> list[str]:
-    """What in rollout stage `name`'s coordination decides by the cost-model profile."""
-    c = spec.stages[name].coordinator
-    users = ["cost_model routing"] if c.routing == "cost_model" else []
-    if c.migration != "none":
-        users.append(f"{c.migration} migration")
-    if any(e.from_ == DATA_NODE and e.to == name and e.policy.kind == "skew_aware_dispatch" for e in spec.edges):
-        users.append("skew-aware dispatch")  # weighs predicted lengths by the profile's per-token latency
-    return users
-
-
-def _same_model(profile_model, path: str) -> bool:
-    return profile_model == path or (not path.startswith("builtin:") and profile_model == Path(path).name)
-
-
-def _check_profiles(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
-    """A profile where coordination needs one, measured on this stage's engine and the pipeline's model."""
-    model = spec.model.path
-    for name in stages_of(spec, "rollout"):
-        stage, loc = spec.stages[name], ("stages", name, "coordinator", "profile")
-        prof, users = stage.coordinator.profile, _profile_users(spec, name)
-        measure = f"`rlflow profile --engine {stage.engine} --model {model} -o configs/profiles/<name>.json`"
-        path = resolve_path(prof, base_dir) if prof is not None else None
-        if prof is not None and path is None:
-            problems.append(Problem(loc, f"no such profile file '{prof}'", "missing-file",
-                                    f"see configs/profiles/, or measure one with {measure}"))
-        if not users or (prof is not None and path is None):
-            continue
-        if prof is None:
-            rule = ("routing-needs-profile" if users[0].endswith("routing") else
-                    "migration-needs-profile" if users[0].endswith("migration") else "dispatch-needs-profile")
-            also = f" (so do{'es' * (len(users) == 2)} {' and '.join(users[1:])})" if len(users) > 1 else ""
-            problems.append(Problem(loc, f"{users[0]} needs a cost-model profile{also}", rule,
-                                    f"set profile: configs/profiles/<engine>.json (measure one with {measure})"))
-            continue
-        raw = _read_json(path, prof, loc, problems)
-        if raw is None or stage.coordinator.allow_foreign_profile:
-            continue
-        engine, measured = (raw.get("engine"), raw.get("model")) if isinstance(raw, dict) else (None, None)
-        if engine == stage.engine and _same_model(measured, model):
-            continue
-        said = (f"was measured on engine '{engine}' with model '{measured}'" if engine is not None and measured is not None
-                else 'does not say which engine and model it was measured on (no "engine" / "model" keys)')
-        problems.append(Problem(loc, f"profile '{prof}' {said}, but rollout '{name}' runs engine '{stage.engine}' with model '{model}': "
-                                f"its {' and '.join(users)} would decide by speeds measured elsewhere", "profile-mismatch",
-                                f"measure one with {measure}, or set stages.{name}.coordinator.allow_foreign_profile: true"))

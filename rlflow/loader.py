@@ -1,7 +1,9 @@
 """YAML text -> plain dict plus a map from document paths to line numbers.
 
 Duplicate keys are errors here (plain PyYAML silently keeps the last one, which would hide a
-duplicated stage name). `--set` overrides are applied to the dict before validation.
+duplicated stage name), and so are tags other than YAML's own (`!custom`, `!!python/...`). Size,
+nesting depth and alias expansion are bounded before anything is built (rlflow/yaml_guard.py).
+Anchors, aliases and merge keys (`<<: *base`) work. `--set` overrides are applied to the dict before validation.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from rlflow import yaml_guard
 from rlflow.errors import Loc, PipelineInvalid, Problem
 
 
@@ -31,12 +34,27 @@ class Document:
         return None
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+COLLECTION_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
+
+
 def _construct(node, loc: Loc, lines: dict, problems: list[Problem]):
+    """Plain Python data for `node` (the yaml_guard bounds keep this recursion shallow and small)."""
     lines[loc] = node.start_mark.line + 1
+    if type(node) in COLLECTION_TAGS and node.tag != COLLECTION_TAGS[type(node)]:
+        problems.append(_unknown_tag(node, loc))
+        return None
     if isinstance(node, yaml.MappingNode):
-        out = {}
+        out, merges = {}, []
         for key_node, value_node in node.value:
-            key = _scalar(key_node)
+            if key_node.tag == MERGE_TAG:  # `<<: *base` merges the keys of an anchored mapping
+                merges.append(value_node)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(Problem(loc, "a key is a list or mapping", "bad-key", "write keys as plain names",
+                                        line=key_node.start_mark.line + 1))
+                continue
+            key = _scalar(key_node, loc, problems)
             if key in out:
                 problems.append(
                     Problem(
@@ -50,25 +68,86 @@ def _construct(node, loc: Loc, lines: dict, problems: list[Problem]):
                 continue
             out[key] = _construct(value_node, loc + (key,), lines, problems)
             lines[loc + (key,)] = key_node.start_mark.line + 1
+        for merge in merges:
+            _merge(out, merge, loc, lines, problems)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(v, loc + (i,), lines, problems) for i, v in enumerate(node.value)]
-    return _scalar(node)
+    return _scalar(node, loc, problems)
 
 
-def _scalar(node):
-    # Resolve a scalar with PyYAML's safe rules (ints, floats, bools, nulls) without a full loader.
-    return yaml.safe_load(yaml.serialize(node))
+def _merge(out: dict, node, loc: Loc, lines: dict, problems: list[Problem]) -> None:
+    """YAML merge keys: the keys of the mapping(s) `node` names that `out` does not set itself."""
+    sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    for source in sources:
+        if not isinstance(source, yaml.MappingNode):
+            problems.append(Problem(loc, "'<<' merges a mapping (or a list of mappings)", "bad-merge",
+                                    "write `<<: *name` with an anchor on a mapping, e.g. base: &name {...}",
+                                    line=source.start_mark.line + 1))
+            continue
+        sub: dict[Loc, int] = {}
+        merged = _construct(source, loc, sub, problems) or {}
+        for key, value in merged.items():
+            if key not in out:
+                out[key] = value
+                lines.update((k, n) for k, n in sub.items() if k[len(loc):len(loc) + 1] == (key,))
+
+
+def _unknown_tag(node, loc: Loc) -> Problem:
+    tag = "!!" + node.tag.removeprefix("tag:yaml.org,2002:") if node.tag.startswith("tag:yaml.org,2002:") else node.tag
+    return Problem(loc, f"unknown tag '{tag}'", "unknown-tag",
+                   "remove the tag: a pipeline is plain YAML (strings, numbers, booleans, lists, mappings); "
+                   "quote the value if the '!' belongs to it", line=node.start_mark.line + 1)
+
+
+_SAFE = yaml.constructor.SafeConstructor
+SCALAR_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")}
+
+
+def _scalar(node, loc: Loc, problems: list[Problem]):
+    """A scalar resolved by PyYAML's safe rules (ints, floats, bools, nulls, strings); None for an unknown tag."""
+    if node.tag not in SCALAR_TAGS:
+        problems.append(_unknown_tag(node, loc))
+        return None
+    try:
+        return _SAFE.yaml_constructors[node.tag](_SAFE(), node)
+    except yaml.constructor.ConstructorError as e:
+        problems.append(Problem(loc, f"cannot read this value: {e.problem}", "bad-value", "fix the value at that line",
+                                line=node.start_mark.line + 1))
+        return None
+
+
+def _yaml_error(e: yaml.YAMLError) -> str:
+    """PyYAML's problem, with its context where that says more ("while parsing a flow mapping")."""
+    problem, context = getattr(e, "problem", None), getattr(e, "context", None)
+    if context and context.startswith("found"):  # "found duplicate anchor 'x'; first occurrence" / "second occurrence"
+        return context.split(";")[0]
+    if problem and context:
+        return f"{problem} ({context})"
+    return problem or str(e).splitlines()[0]
+
+
+def _compose(text: str):
+    """The node tree, with libyaml where PyYAML has it (10x faster); errors in the pure-Python parser's words."""
+    if getattr(yaml, "CSafeLoader", None) is not None:
+        try:
+            return yaml.compose(text, Loader=yaml.CSafeLoader)
+        except yaml.YAMLError:
+            pass
+    return yaml.compose(text, Loader=yaml.SafeLoader)
 
 
 def parse(text: str, source: str) -> Document:
-    """Parse YAML text into a Document, or raise PipelineInvalid (syntax, empty, duplicates)."""
+    """Parse YAML text into a Document, or raise PipelineInvalid (syntax, limits, empty, duplicates, tags)."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        limits = yaml_guard.check_limits(text)
+        if limits:
+            raise PipelineInvalid(source, limits)
+        root = _compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        what = _yaml_error(e)
         raise PipelineInvalid(
             source,
             [Problem((), f"YAML syntax error: {what}", "yaml-syntax", "fix the YAML at that line", line=line)],

@@ -48,7 +48,14 @@ IMPORT_STRING = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-
 
 
 class ComponentError(LookupError):
-    """A component reference that cannot be resolved; str() says why and how to fix it."""
+    """A component reference that cannot be resolved or used; str() says why and how to fix it ('why; fix').
+
+    `rule` names the rule it breaks (None: the caller's `unknown-<category>`).
+    """
+
+    def __init__(self, message: str, rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule
 
 
 def _plugins(category: str) -> dict:
@@ -60,12 +67,17 @@ def builtin_names(category: str) -> list[str]:
 
 
 def check_reference(category: str, ref: str, *, allow_import: bool = True) -> None:
-    """Raise ComponentError unless `ref` is a built-in, a plugin, or an importable `module:attr`."""
+    """Raise ComponentError unless `ref` is a built-in, a plugin, or an importable `module:attr` that fits
+    the category (a reward's, filter's or ranker's signature: rlflow/user_code.py)."""
     builtins = CATEGORIES[category]
     if ref in builtins:
         return
     if ":" in ref and allow_import and not ref.startswith("builtin:"):
-        _import(ref)
+        from rlflow.user_code import misfit
+
+        why = misfit(category, ref, _import(ref))
+        if why:
+            raise ComponentError(why, f"not-a-{category}")
         return
     if ref in _plugins(category):
         return
@@ -81,11 +93,19 @@ def _import(ref: str):
 
     if not IMPORT_STRING.match(ref):
         raise ComponentError(f"'{ref}' is not an import string; write package.module:attr (e.g. mypkg.rewards:exact)")
+    from rlflow.user_code import not_found_help
+
     module_name, _, attr = ref.partition(":")
     try:
         obj = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        raise ComponentError(f"cannot import module '{module_name}' ({e}); check the spelling and that it is installed") from None
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise ComponentError(f"cannot import module '{module_name}' ({e}); {not_found_help(module_name)}") from None
+        raise ComponentError(f"importing '{module_name}' failed: {e} (a module it imports); install it, or fix the import",
+                             "import-failed") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module raised while importing: their bug, not rlflow's
+        raise ComponentError(f"importing '{module_name}' failed: {type(e).__name__}: {e}; fix the module "
+                             f"(run python -c 'import {module_name}' to see the traceback)", "import-failed") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ComponentError(f"module '{module_name}' has no attribute '{part}'{did_you_mean(part, dir(obj))}") from None

@@ -1,7 +1,13 @@
-"""Document -> validated Pipeline, with pydantic's errors turned into Problems a person can act on."""
+"""Document -> validated Pipeline, with pydantic's errors turned into Problems a person can act on.
+
+`validate_partial` also gives a best-effort Pipeline when the schema has problems, so the graph and
+component rules still run and `rlflow validate` reports every problem of a file at once.
+"""
 
 from __future__ import annotations
 
+import copy
+import re
 import types
 from typing import Annotated, Union, get_args, get_origin
 
@@ -21,13 +27,75 @@ def validate(doc: Document) -> Pipeline:
         raise PipelineInvalid(doc.source, problems) from None
 
 
+class Repairs:
+    """The values dropped from a document so that the rest validates; says which later problems echo them."""
+
+    def __init__(self):
+        self.locs: list[tuple] = []  # dropped unknown fields and bad values
+        self.fields: set[str] = set()  # names of the fields whose bad value was replaced by the default
+
+    def echoes(self, problem: Problem) -> bool:
+        """A graph problem at or under a dropped value, or naming a field whose value was bad (a rule that read
+        the stand-in default, e.g. no-room-for-prompt after a bad model.max_model_len): it would mislead."""
+        if any(tuple(problem.loc[:len(loc)]) == loc for loc in self.locs):
+            return True
+        words = set(re.findall(r"[A-Za-z_]+", f"{problem.message} {problem.fix}"))
+        return bool(self.fields & words)
+
+
+def validate_partial(doc: Document) -> tuple[Pipeline | None, list[Problem], Repairs]:
+    """(pipeline, schema problems, repairs).
+
+    Without schema problems: the pipeline, [], no repairs. With them: each unknown field, and each bad
+    value of a field that has a default, is dropped from a copy of the document; if that copy
+    validates, it is returned, so the graph and component rules still run (drop the problems that
+    `repairs.echoes`); else None: a required part is wrong and the graph cannot be built faithfully.
+    """
+    repairs = Repairs()
+    try:
+        return Pipeline.model_validate(doc.data), [], repairs
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+    problems = [_problem(err, doc) for err in errors]
+    data = copy.deepcopy(doc.data)
+    for err in errors:
+        loc = _clean_loc(tuple(err["loc"]), doc.data)
+        if not _removable(err, loc, doc.data):
+            return None, problems, repairs
+        repairs.locs.append(loc)
+        if err["type"] != "extra_forbidden" and isinstance(loc[-1], str):
+            repairs.fields.add(loc[-1])
+    for loc in sorted(set(repairs.locs), key=len, reverse=True):
+        parent = data
+        for part in loc[:-1]:
+            parent = parent[part]
+        parent.pop(loc[-1], None)
+    try:
+        return Pipeline.model_validate(data), problems, repairs
+    except ValidationError:
+        return None, problems, repairs
+
+
+def _removable(err: dict, loc: tuple, data) -> bool:
+    """Whether the value at `loc` may be dropped: an unknown field, or a bad value of a field with a default."""
+    if not loc or err["type"] in ("missing", "union_tag_invalid", "union_tag_not_found"):
+        return False
+    parent = data
+    for part in loc[:-1]:
+        parent = _child(parent, part)
+    if not isinstance(parent, dict) or loc[-1] not in parent:
+        return False
+    owner, field = _field_at(loc, data)
+    if err["type"] == "extra_forbidden":
+        return owner is not None
+    return field is not None and not field.is_required()
+
+
 def _clean_loc(loc: tuple, data) -> tuple:
     """Drop pydantic's discriminator tags from a loc: ('stages','t','train','lr') -> ('stages','t','lr')."""
     out, node = [], data
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
         elif isinstance(node, dict) and node.get("kind") == part:
             continue  # the tagged-union branch name, not a key in the document

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +63,9 @@ class Run:
         from rlflow.runtime.trajectory_store import TrajectoryStore
 
         plan = self.plan
+        for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline
+            if d not in sys.path:
+                sys.path.insert(0, d)
         model_dir = str(prepare_model(plan, log=self.log))
         actors = {a["role"]: a for a in plan["actors"]}
         self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()

@@ -30,6 +30,10 @@ def launch(plan: dict, *, resume: bool = False, address: str | None = None, log=
     started = not ray.is_initialized()
     if started:
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **quiet}}
+        # user modules the compiler found beside the pipeline or in the working dir, for every worker
+        path = os.pathsep.join(plan.get("python_path", []) + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        if path:
+            env["env_vars"]["PYTHONPATH"] = path
         if address:
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         else:

@@ -1,0 +1,211 @@
+"""What a pipeline names outside itself, checked at compile: components (engines, rewards, filters,
+rankers, the model), files (data, DeepSpeed configs, cost-model profiles) and the model's length limit.
+
+Import strings are checked with the pipeline's directory and the working directory on sys.path
+(rlflow/user_code.py), and a reward, filter or ranker they name must fit its call signature.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rlflow import registry
+from rlflow.errors import Problem
+from rlflow.schema import DATA_NODE, Pipeline
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def stages_of(spec: Pipeline, kind: str) -> list[str]:
+    return [n for n, s in spec.stages.items() if s.kind == kind]
+
+
+def component(problems: list[Problem], category: str, ref: str, loc: tuple) -> None:
+    """A problem unless `ref` names a `category` that exists and fits (rule from the error, else unknown-<category>)."""
+    try:
+        registry.check_reference(category, ref)
+    except registry.ComponentError as err:
+        why, _, fix = str(err).partition("; ")
+        problems.append(Problem(loc, why, err.rule or f"unknown-{category}", fix))
+
+
+def resolve_path(ref: str, base_dir: Path) -> Path | None:
+    """A file reference relative to the pipeline's directory or one of its parents, else the working dir.
+
+    So `configs/deepspeed/zero1.json` works from pipelines/ in the repo and from any working dir.
+    """
+    for candidate in (*(d / ref for d in (base_dir, *base_dir.parents)), Path.cwd() / ref):
+        if candidate.exists():
+            return candidate.resolve()
+    return None
+
+
+def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    rollouts = stages_of(spec, "rollout")
+    for name, stage in spec.stages.items():
+        loc = ("stages", name)
+        if stage.kind == "rollout":
+            component(problems, "engine", stage.engine, loc + ("engine",))
+            if stage.max_new_tokens >= spec.model.max_model_len:
+                problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
+                                        "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
+        elif stage.kind == "reward":
+            component(problems, "reward", stage.fn, loc + ("fn",))
+        elif stage.kind == "train":
+            path = resolve_path(stage.deepspeed, base_dir)
+            if path is None:
+                problems.append(Problem(loc + ("deepspeed",), f"no such DeepSpeed config '{stage.deepspeed}'", "missing-file",
+                                        "use one of configs/deepspeed/*.json"))
+            else:
+                _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
+    for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
+        first, t = rollouts[0], spec.stages[name].temperature
+        if t != spec.stages[first].temperature:
+            problems.append(Problem(("stages", name, "temperature"), f"rollout '{name}' samples at temperature {t:g} but '{first}' at "
+                                    f"{spec.stages[first].temperature:g}; the trainer recomputes log-probs at one temperature",
+                                    "temperatures-differ", "use one temperature in every rollout stage"))
+    mp = spec.model.path
+    if mp.startswith("builtin:"):
+        component(problems, "model", mp, ("model", "path"))
+        positions = _builtin_positions(mp)
+    else:
+        path = resolve_path(mp, base_dir)
+        if path is None or not (path / "config.json").exists():
+            problems.append(Problem(("model", "path"), f"'{mp}' is not a local Hugging Face model directory (no config.json)",
+                                    "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))
+            return
+        config = _read_json(path / "config.json", f"{mp}/config.json", ("model", "path"), problems)
+        positions = _positions(config)
+    _check_model_len(spec, positions, problems)
+
+
+#: config.json keys that give a model's positions, in the order transformers' configs use them
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def _positions(config) -> tuple[int, str] | None:
+    """(positions, the config key that says so) of a Hugging Face config, or None when it does not say."""
+    for cfg in (config, (config or {}).get("text_config") if isinstance(config, dict) else None):
+        for key in POSITION_KEYS if isinstance(cfg, dict) else ():
+            if isinstance(cfg.get(key), int) and cfg[key] > 0:
+                return cfg[key], key
+    return None
+
+
+def _builtin_positions(ref: str) -> tuple[int, str] | None:
+    """The positions of a built-in model, from its build settings (nothing is built)."""
+    if ref != "builtin:tiny-llama":
+        return None
+    from rlflow.stages.tiny_model import DEFAULT_SETTINGS, TASK_SETTINGS
+
+    return min(s.max_position_embeddings for s in (DEFAULT_SETTINGS, *TASK_SETTINGS.values())), "max_position_embeddings"
+
+
+def _check_model_len(spec: Pipeline, positions: tuple[int, str] | None, problems: list[Problem]) -> None:
+    """model.max_model_len within the model's positions (an engine refuses a longer one when the run starts)."""
+    if positions is None or spec.model.max_model_len <= positions[0]:
+        return
+    limit, key = positions
+    given = "" if "max_model_len" in spec.model.model_fields_set else " (the default)"
+    problems.append(Problem(("model", "max_model_len"), f"max_model_len {spec.model.max_model_len}{given} is longer than the "
+                            f"{limit} positions of model '{spec.model.path}' ({key} in its config)", "max-model-len-too-long",
+                            f"set model.max_model_len: {limit} (the model's own limit) or lower"))
+
+
+def _read_json(path: Path, ref: str, loc: tuple, problems: list[Problem]):
+    """The parsed file, or None with a bad-json problem."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        problems.append(Problem(loc, f"'{ref}' is not valid JSON ({err})", "bad-json", "fix the file"))
+        return None
+
+
+
+# --------------------------------------------------------------------------- data and task types
+
+
+def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    d = spec.data
+    if d.source is not None and d.tasks is not None:
+        problems.append(Problem(("data",), "data sets both source and tasks", "data-source-or-tasks",
+                                "keep source for one task type, or list every source under tasks: {<name>: {source: ...}}"))
+    elif d.source is None and d.tasks is None:
+        problems.append(Problem(("data",), "data has neither source nor tasks", "data-source-or-tasks",
+                                "set data.source: builtin:arith, or data.tasks: {<name>: {source: ...}, ...}"))
+    if d.source is not None:
+        _check_source(d.source, ("data", "source"), base_dir, problems)
+    for name, task in (d.tasks or {}).items():
+        if not TASK_NAME.match(name):
+            problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
+                                    "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
+        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems)
+    if d.tasks is not None:
+        for field in ("limit", "prompt_field", "answer_field"):
+            if field in d.model_fields_set:
+                problems.append(Problem(("data", field), f"data.{field} applies to data.source; with data.tasks each task has its own",
+                                        "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))
+
+
+def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem]) -> None:
+    if src.startswith("builtin:"):
+        component(problems, "task", src, loc)
+    elif not src.endswith(DATA_SUFFIXES):
+        problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
+                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
+    elif resolve_path(src, base_dir) is None:
+        problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
+
+
+# --------------------------------------------------------------------------- cost-model profiles
+
+
+def _profile_users(spec: Pipeline, name: str) -> list[str]:
+    """What in rollout stage `name`'s coordination decides by the cost-model profile."""
+    c = spec.stages[name].coordinator
+    users = ["cost_model routing"] if c.routing == "cost_model" else []
+    if c.migration != "none":
+        users.append(f"{c.migration} migration")
+    if any(e.from_ == DATA_NODE and e.to == name and e.policy.kind == "skew_aware_dispatch" for e in spec.edges):
+        users.append("skew-aware dispatch")  # weighs predicted lengths by the profile's per-token latency
+    return users
+
+
+def _same_model(profile_model, path: str) -> bool:
+    return profile_model == path or (not path.startswith("builtin:") and profile_model == Path(path).name)
+
+
+def check_profiles(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
+    """A profile where coordination needs one, measured on this stage's engine and the pipeline's model."""
+    model = spec.model.path
+    for name in stages_of(spec, "rollout"):
+        stage, loc = spec.stages[name], ("stages", name, "coordinator", "profile")
+        prof, users = stage.coordinator.profile, _profile_users(spec, name)
+        measure = f"`rlflow profile --engine {stage.engine} --model {model} -o configs/profiles/<name>.json`"
+        path = resolve_path(prof, base_dir) if prof is not None else None
+        if prof is not None and path is None:
+            problems.append(Problem(loc, f"no such profile file '{prof}'", "missing-file",
+                                    f"see configs/profiles/, or measure one with {measure}"))
+        if not users or (prof is not None and path is None):
+            continue
+        if prof is None:
+            rule = ("routing-needs-profile" if users[0].endswith("routing") else
+                    "migration-needs-profile" if users[0].endswith("migration") else "dispatch-needs-profile")
+            also = f" (so do{'es' * (len(users) == 2)} {' and '.join(users[1:])})" if len(users) > 1 else ""
+            problems.append(Problem(loc, f"{users[0]} needs a cost-model profile{also}", rule,
+                                    f"set profile: configs/profiles/<engine>.json (measure one with {measure})"))
+            continue
+        raw = _read_json(path, prof, loc, problems)
+        if raw is None or stage.coordinator.allow_foreign_profile:
+            continue
+        engine, measured = (raw.get("engine"), raw.get("model")) if isinstance(raw, dict) else (None, None)
+        if engine == stage.engine and _same_model(measured, model):
+            continue
+        said = (f"was measured on engine '{engine}' with model '{measured}'" if engine is not None and measured is not None
+                else 'does not say which engine and model it was measured on (no "engine" / "model" keys)')
+        problems.append(Problem(loc, f"profile '{prof}' {said}, but rollout '{name}' runs engine '{stage.engine}' with model '{model}': "
+                                f"its {' and '.join(users)} would decide by speeds measured elsewhere", "profile-mismatch",
+                                f"measure one with {measure}, or set stages.{name}.coordinator.allow_foreign_profile: true"))

@@ -1,0 +1,197 @@
+"""User code named by import strings (`fn: mypkg.rewards:exact`): where it is found, and whether it fits.
+
+Where: a module beside the pipeline file or in the working directory is found at compile without
+PYTHONPATH (`importable_from`); the plan records the directories the named modules came from
+(plan["python_path"], `python_path`), for the runtime to put on every worker's path.
+
+Whether it fits, by signature, at compile (rule `not-a-<category>`), so a run does not die minutes in:
+- a reward is called fn(completion, answer), with prompt= and row= only when its signature takes
+  them by name or through **kwargs (the runtime's rlflow/runtime/reward_stream.py reward_caller);
+- a filter is called fn(rewards) with one list of a group's rewards;
+- a ranker is called with no arguments and gives an object with predict(prompts) and observe(prompts, lengths).
+Classes are not rewards or filters, and nothing from the Python standard library or the builtins is a
+reward, filter or ranker (`subprocess:run`, `os:system`, `builtins:len` fit some signatures, and would
+run a command or score nonsense): write your own function, which may call them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.machinery
+import inspect
+import sys
+import sysconfig
+from pathlib import Path
+
+#: directories searched for user modules beyond sys.path while `importable_from` is active
+SEARCHED: list[tuple[str, Path]] = []
+
+REWARD_EXTRAS = ("prompt", "row")  # keywords the runtime passes to a reward that takes them
+
+
+def search_dirs(base_dir: Path) -> list[tuple[str, Path]]:
+    """(what, directory) pairs searched for user modules: beside the pipeline, then the working directory."""
+    out: list[tuple[str, Path]] = []
+    for what, d in (("beside the pipeline", base_dir), ("in the working directory", Path.cwd())):
+        d = Path(d).resolve()
+        if all(d != seen for _, seen in out):
+            out.append((what, d))
+    return out
+
+
+@contextlib.contextmanager
+def importable_from(base_dir: Path):
+    """Put the pipeline's directory and the working directory in front of sys.path, as Python does for a script."""
+    dirs = search_dirs(base_dir)
+    added = [str(d) for _, d in dirs if str(d) not in sys.path]
+    sys.path[:0] = added
+    importlib.invalidate_caches()  # a module written since the last import (a test, an editor) is seen
+    SEARCHED[:] = dirs
+    try:
+        yield dirs
+    finally:
+        for d in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(d)
+        SEARCHED.clear()
+
+
+def not_found_help(module_name: str) -> str:
+    """Where a missing module was looked for, and the fix."""
+    where = ", ".join(f"{what} ({d})" for what, d in SEARCHED)
+    first = module_name.split(".")[0]
+    looked = f"looked {where} and in the installed packages" if where else "looked in the installed packages"
+    return (f"{looked}; put {first}.py (or the package {first}/) beside the pipeline file, "
+            f"or set PYTHONPATH to the directory that holds it, or pip install it")
+
+
+def python_path(refs: list[str], dirs: list[tuple[str, Path]]) -> list[str]:
+    """The directories of `dirs` that the (already imported) modules of import strings `refs` came from
+    and that Python would not find without them (an installed or editable package needs none)."""
+    out: list[str] = []
+    for ref in refs:
+        name = ref.partition(":")[0].split(".")[0]
+        top = sys.modules.get(name)
+        root = _root_dir(top) if top is not None else None
+        for _, d in dirs:
+            if root == d and str(d) not in out and not _found_without(name, [d for _, d in dirs]):
+                out.append(str(d))
+    return out
+
+
+def _found_without(name: str, dirs: list[Path]) -> bool:
+    """Whether top-level module `name` is importable with `dirs` (and the working directory) off the path."""
+    path = [p for p in sys.path if p and _resolved(p) not in dirs]
+    for finder in sys.meta_path:
+        try:
+            if finder is importlib.machinery.PathFinder:
+                spec = finder.find_spec(name, path)
+            else:
+                spec = finder.find_spec(name, None) if hasattr(finder, "find_spec") else None
+        except Exception:  # noqa: BLE001 - a third-party finder that fails does not find it
+            spec = None
+        if spec is not None:
+            return True
+    return False
+
+
+def _resolved(entry: str) -> Path | None:
+    try:
+        return Path(entry).resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def _root_dir(module) -> Path | None:
+    """The sys.path entry a top-level module was imported from."""
+    file = getattr(module, "__file__", None)
+    if file:
+        here = Path(file).resolve().parent
+        return here.parent if hasattr(module, "__path__") else here  # a package: its directory's parent
+    locations = list(getattr(module, "__path__", []) or [])  # a namespace package
+    return Path(locations[0]).resolve().parent if locations else None
+
+
+def _is_stdlib(module_name: str | None) -> bool:
+    if not module_name:
+        return False
+    top = module_name.split(".")[0]
+    if top in sys.builtin_module_names or top == "builtins":
+        return True
+    module = sys.modules.get(module_name) or sys.modules.get(top)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return top in getattr(sys, "stdlib_module_names", ())
+    path = Path(file).resolve()
+    if {"site-packages", "dist-packages"} & set(path.parts):
+        return False
+    roots = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    return any(path.is_relative_to(r) for r in roots)
+
+
+def _described(obj) -> str:
+    if inspect.isclass(obj):
+        return f"class {obj.__name__}"
+    if inspect.isbuiltin(obj):
+        return f"built-in function {obj.__name__}"
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        return f"function {obj.__name__}"
+    if callable(obj):
+        return f"a callable {type(obj).__name__} object"
+    return f"a {type(obj).__name__} value, not callable"
+
+
+def _signature(obj):
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+
+
+def _reward_call(sig: inspect.Signature) -> tuple[tuple, dict]:
+    """The arguments the runtime passes (rlflow/runtime/reward_stream.py reward_caller: same rule)."""
+    params = sig.parameters.values()
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    return ("completion", "answer"), {k: None for k in REWARD_EXTRAS if takes_any or k in names}
+
+
+SHAPES = {
+    "reward": ("fn(completion, answer) -> float (optionally also prompt=, row= or **kwargs)",
+               "e.g. def score(completion, answer): return float(completion.strip() == answer); built-ins: exact_match, numeric_close"),
+    "filter": ("fn(rewards) -> bool, called with one list of a group's rewards",
+               "e.g. def keep(rewards): return len(set(rewards)) > 1; built-in: drop_uniform_groups"),
+    "ranker": ("a class (or factory) called with no arguments, whose objects have predict(prompts) and observe(prompts, lengths)",
+               "see rlflow.operators.length_ranker.OnlineLengthRanker; built-in: learned"),
+}
+
+
+def misfit(category: str, ref: str, obj) -> str | None:
+    """Why `obj` (named by import string `ref`) cannot serve as a `category`, as 'message; way out', or None."""
+    if category not in SHAPES:
+        return None
+    shape, example = SHAPES[category]
+    what = f"'{ref}' is {_described(obj)}"
+    module = getattr(obj, "__module__", None) or ref.partition(":")[0]
+    if _is_stdlib(ref.partition(":")[0]) or _is_stdlib(module):
+        where = ref.partition(":")[0] if _is_stdlib(ref.partition(":")[0]) else module
+        return (f"{what} from the Python standard library ({where}), not a {category}: a {category} is {shape}; "
+                f"write your own, {example}")
+    if not callable(obj):
+        return f"{what}; a {category} is {shape}; {example}"
+    if inspect.isclass(obj) and category != "ranker":
+        return f"{what}; a {category} is a function {shape}; {example}"
+    sig = _signature(obj)
+    if sig is None:
+        return f"{what}, whose signature Python cannot read; a {category} is {shape}; wrap it in a def, {example}"
+    args, kwargs = {"reward": _reward_call(sig), "filter": (([0.0, 1.0],), {}), "ranker": ((), {})}[category]
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        return f"{what}{sig} and cannot be called as {category} ({e}); a {category} is {shape}; {example}"
+    if category == "ranker" and inspect.isclass(obj):
+        missing = [m for m in ("predict", "observe") if not callable(getattr(obj, m, None))]
+        if missing:
+            return f"{what} without {' and '.join(missing)}(); a ranker is {shape}; {example}"
+    return None
