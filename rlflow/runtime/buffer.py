@@ -18,8 +18,9 @@ from rlflow.operators.policy_kinds import make_policy
 class Buffer:
     """The staleness policy plus the groups between reservation and training."""
 
-    def __init__(self, control: dict, store, counts: dict, abort_group: Callable[[str], None], log=print):
+    def __init__(self, control: dict, store, ledger, counts: dict, abort_group: Callable[[str], None], log=print):
         self.policy = make_policy(**control)
+        self.ledger = ledger
         self.eta = control["eta"]
         self.store, self.counts, self.abort_group, self.log = store, counts, abort_group, log
         self.generating: set[str] = set()  # reserved, members still generating
@@ -52,17 +53,20 @@ class Buffer:
             return []
         failed = [(tid, err) for tid, _, err, _ in rows if err]
         if failed:
+            self.ledger.trajectories([tid for tid, _ in failed], "failed")
             self.counts["reward_failed"] += len(failed)
             self.log(f"reward failed for {len(failed)} trajectory(ies) of group {gid}: {failed[0][1]}")
         good = {tid: r for tid, r, err, kept in rows if not err and kept}
         if not good:  # filtered (e.g. uniform rewards) or every reward failed
             self._evict(self.policy.filter(gid))  # may abort batch-redundancy surplus
             self.group_version.pop(gid, None)
+            self.ledger.state(gid, "filtered")
             self.counts["filtered_groups"] += 1
             self.store.discard.remote([tid for tid, *_ in rows])
         else:
             self.store.discard.remote([tid for tid, _ in failed])
             self.kept[gid] = good
+            self.ledger.state(gid, "buffered")
             self._evict(self.policy.occupy(gid, self.group_version.pop(gid)))
         return [r for _, r, err, _ in rows if not err]
 
@@ -75,9 +79,11 @@ class Buffer:
                 self.abort_group(e.gid)
             elif e.gid in self.kept:
                 self.store.discard.remote(list(self.kept.pop(e.gid)))
+                self.ledger.state(e.gid, "dropped")
                 self.counts["dropped_groups"] += 1
             else:
                 self.evicted.add(e.gid)
+                self.ledger.state(e.gid, "dropped")
 
     # ------------------------------------------------------------------ to the trainer
     def ready(self) -> bool:

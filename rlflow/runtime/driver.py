@@ -25,6 +25,7 @@ import ray
 
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
+from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.train_sink import TrainSink
@@ -71,24 +72,29 @@ class Run:
         self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
         self.weights = WeightSync(actors["parameter_server"], CALL_TIMEOUT_S)
         self.sink = TrainSink(plan, model_dir=model_dir, store=self.store, params=self.weights.server)
-        self.buffer = Buffer(self.control, self.store, self.counts, self._abort_group, log=self.log)
+        self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
+        self.buffer = Buffer(self.control, self.store, self.ledger, self.counts, self._abort_group, log=self.log)
         rollout_stages = [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
-        state = None
+        state, replay, drawn = None, [], None
         if self.resume:
             state = checkpoint.load(self.out_dir, self.sink.actor, source=plan["source"], timeout_s=START_TIMEOUT_S)
+            before = self.ledger.counts()
+            replay, drawn = self.ledger.resume(state["step"])
+            self.log(f"resuming at step {state['step']}: {len(replay)} group(s) drawn but not trained into the checkpoint "
+                     f"are generated again first (ledger before: {before})")
         max_new = {a["tasks"][i]: a["engine_kwargs"]["max_new_tokens"]
                    for a in plan["actors"] if a["role"] == "rollout" for i in range(len(a["tasks"]))}
         self.prompts = PromptSource(plan["tasks"], AutoTokenizer.from_pretrained(model_dir), max_new_tokens=max_new,
                                     max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
-                                    source=plan["source"], skip=state["positions"] if state else None)
+                                    source=plan["source"], skip=drawn)
         self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
-                                    counts=self.counts, log=self.log) for s in rollout_stages]
+                                    ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
         filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
         self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
                                      concurrency=op["concurrency"], num_cpus=op["num_cpus"])
                         for op in plan["data_operators"] if op["kind"] == "reward"]
         if state:
-            self._restore(state)
+            self._restore(state, replay)
         refs = [r for f in self.fleets for r in f.ready_refs()] + [self.sink.actor.ready.remote()]
         self._get(refs, START_TIMEOUT_S, "the rollout instances and the trainer to start")
         self._get(self.sink.actor.publish.remote(self.step), CALL_TIMEOUT_S, "the trainer to publish the initial weights")
@@ -187,6 +193,7 @@ class Run:
                 fleet.on_death(inst, err)
         elif tag[0] == "train":
             self._finish_step(payload[0].result())
+        self.ledger.flush()
 
     def _on_rewarded(self, stage: str, batch: dict) -> None:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
@@ -203,6 +210,7 @@ class Run:
         s_of = {e.gid: batch.version - e.version for e in batch.entries}
         tids = list(rewards)
         lengths = {t: self._pop_length(t) for t in tids}
+        self.ledger.trained(self.step + 1, {g: s_of[g] for g in groups}, tids)
         info = {"staleness": [s_of[g] for g in groups], "rewards": [rewards[t] for t in tids], "version": batch.version,
                 "lengths": [lengths[t] for t in tids], "group_max": [max(lengths[t] for t in m) for m in groups.values()],
                 "task_of_traj": [t.split("/")[0].rsplit("-", 1)[0] for t in tids],
@@ -222,6 +230,7 @@ class Run:
         row = self.metrics.step_row(self.step, self.weights.version, self.sink.batch_info, trained, wall,
                                     sum(f.busy_s() for f in self.fleets), sum(len(f.instances) for f in self.fleets),
                                     self.buffer.counters, self.counts, self._recall())
+        row.update({f"ledger_{k}": v for k, v in self.ledger.counts().items()})  # cumulative over resumes
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
             self.metrics.progress(row)
@@ -241,21 +250,20 @@ class Run:
 
     # ------------------------------------------------------------------ checkpoint / resume / shutdown
     def _checkpoint(self) -> None:
-        state = {"step": self.step, "positions": self.prompts.position(), "mlflow_run_id": self.tracker.run_id,
-                 "unrouted": {f.stage: f.unrouted() for f in self.fleets}, "history": self.metrics.history,
+        self.ledger.flush()
+        state = {"step": self.step, "mlflow_run_id": self.tracker.run_id, "history": self.metrics.history,
                  "staleness_all": self.metrics.staleness_all, "counts": self.counts}
         path = checkpoint.save(self.out_dir, self.sink.actor, state, timeout_s=CALL_TIMEOUT_S)
         self.log(f"checkpoint at step {self.step}: {path}")
 
-    def _restore(self, state: dict) -> None:
+    def _restore(self, state: dict, replay: list[dict]) -> None:
         self.step = state["step"]
         self.metrics.history, self.metrics.staleness_all = state["history"], state["staleness_all"]
         self.counts.update(state["counts"])
         self.tracker_run_id = state["mlflow_run_id"]
         self.buffer.policy.version = self.step  # the control plane resumes at the trainer's version, empty
         for f in self.fleets:
-            f.replay = list(state["unrouted"].get(f.stage, []))
-        self.log(f"resuming at step {self.step} (MLflow run {self.tracker_run_id})")
+            f.replay = [p for p in replay if p["task"] in f.tasks]
 
     def _shutdown(self, status: str) -> None:
         try:
@@ -264,6 +272,7 @@ class Run:
             if status != "FAILED":
                 self._checkpoint()
             if status == "FINISHED":
+                self.ledger.check(self.step, self.control["batch_size"])
                 pred = self.plan["prediction"]
                 self.tracker.log_figures(self.metrics.history, self.metrics.staleness_all,
                                          [p for f in self.fleets for p in f.timeline], self.control["eta"],
@@ -284,6 +293,8 @@ class Run:
             ray.kill(handle)
         if getattr(self, "prompts", None) is not None:
             self.prompts.close()
+        if getattr(self, "ledger", None) is not None:
+            self.ledger.close()
 
     @property
     def history(self) -> list[dict]:

@@ -51,8 +51,9 @@ class RolloutInstance:
 class RolloutFleet:
     """A rollout stage's instances, group assembly and coordinator."""
 
-    def __init__(self, plan: dict, stage: str, *, model_dir: str, store, buffer, prompts, counts: dict, log=print):
+    def __init__(self, plan: dict, stage: str, *, model_dir: str, store, buffer, prompts, ledger, counts: dict, log=print):
         self.stage, self.store, self.buffer, self.prompts, self.counts, self.log = stage, store, buffer, prompts, counts, log
+        self.ledger = ledger
         actors = [a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == stage]
         self.spec = actors[0]
         self.tasks = list(self.spec["tasks"])
@@ -71,7 +72,7 @@ class RolloutFleet:
         self.dispatch = RuntimeDispatch.for_stage(pc, rollout, batch_groups=self.batch_groups,
                                                   max_model_len=self.spec["engine_kwargs"]["max_model_len"],
                                                   counts=counts, log=log)
-        self.replay: list[dict] = []  # prompts drawn before a checkpoint but never routed: drawn first
+        self.replay: list[dict] = []  # prompts drawn but not trained before a resumed checkpoint: drawn first
         self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
         self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
         self.pull_s = 0.0
@@ -92,6 +93,7 @@ class RolloutFleet:
     def _draw(self) -> tuple[str, list[dict]]:
         p = self.replay.pop(0) if self.replay else self.prompts.next(self.tasks)
         gid = f"{p['task']}-{p['n']}"
+        self.ledger.drawn(gid, p)
         return gid, [{"group_id": gid, "index": m, "prompt": p["prompt"], "answer": p["answer"],
                       "prompt_ids": p["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
                       "version": 0, "versions_seen": [], "task": p["task"], "row": p["row"], "n": p["n"]}
@@ -107,11 +109,6 @@ class RolloutFleet:
         if self.dispatch is not None and (drawn or self.dispatch.dirty):
             prompts = {r["group_id"]: r["prompt"] for r in ts.initial_rows()}
             self.dispatch.plan(prompts, sum(i.alive for i in self.instances))
-
-    def unrouted(self) -> list[dict]:
-        """Prompts drawn ahead that no instance has seen (a checkpoint keeps them, so --resume draws them first)."""
-        keys = ("task", "n", "prompt", "answer", "prompt_ids", "row")
-        return [{k: r[k] for k in keys} for r in self.coordination.queue.initial_rows()]
 
     # ------------------------------------------------------------------ the coordinator cycle
     def next_cycle_in(self, now: float) -> float:
@@ -136,6 +133,7 @@ class RolloutFleet:
     def _reserve(self, gid: str, version: int) -> None:
         """Routing reserves a group with the staleness policy when it routes its first member (Algorithm 2)."""
         self.buffer.reserve(gid, version)
+        self.ledger.state(gid, "routed", version)
         self.assembler.open(gid, version)
         if self.dispatch is not None:
             self.dispatch.routed(gid)
@@ -171,6 +169,7 @@ class RolloutFleet:
         for meta in result["finished"]:
             tid = member_id(meta["group_id"], meta["index"])
             self.lengths[tid] = meta["tokens"]
+            self.ledger.finished(tid, meta["group_id"], meta["version"], meta["tokens"])
             self.coordination.finished(inst, tid)
             if inst.running.pop(tid, None) is None:
                 continue  # finished after we aborted it: the store's copy is discarded with the abort
@@ -190,6 +189,7 @@ class RolloutFleet:
         ids = (member_id(gid, m) for m in range(self.members))
         members = [t for t in ids if t not in done.surplus and t not in unrouted]
         self.buffer.completed(gid, done.version)
+        self.ledger.state(gid, "generated", done.version)
         task = gid.rsplit("-", 1)[0]
         self.store.enqueue_group.remote(self.reward_stage[task], members)
         if self.dispatch is not None:  # the ranker learns the prompt's completion length
@@ -203,15 +203,18 @@ class RolloutFleet:
             self.dispatch.forget(gid)
         self._abort_members(self.assembler.abort(gid))
         self.coordination.queue.forget_group(gid)
+        self.ledger.state(gid, "aborted")
         return True
 
     def _abort_members(self, traj_ids) -> None:
+        traj_ids = list(traj_ids)
         for tid in traj_ids:
             for inst in self.instances:
                 if inst.running.pop(tid, None) is not None and self.coordination.abort(inst, tid):
                     inst.aborts.append(tid)
             self.coordination.queue.drop(tid)  # a partial one waiting in the TS
             self.counts["aborted_trajectories"] += 1
+        self.ledger.trajectories(traj_ids, "aborted")
         self.store.discard.remote(list(traj_ids))
 
     def on_death(self, inst: RolloutInstance, err: Exception) -> None:

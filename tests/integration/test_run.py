@@ -110,10 +110,8 @@ def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
 
 @pytest.mark.parametrize("pipeline", ["quickstart", "streamrl"])
 def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir):
-    """Ctrl-C saves a checkpoint; --resume continues the same MLflow run. Prompts drawn ahead but never
-    routed (streamrl keeps one batch waiting for skew-aware dispatch) are drawn first after the resume."""
-    import json
-
+    """Ctrl-C saves a checkpoint; --resume continues the same MLflow run. Groups the ledger shows drawn but
+    not trained at the checkpoint (in flight, buffered or drawn ahead) are generated again first."""
     from rlflow.runtime.driver import Run
 
     class Recording(Run):
@@ -141,16 +139,93 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     first.run()
     stopped_at = len(first.history)
     assert first.stop_requested and 2 <= stopped_at < 4
-    state = json.loads((out / "state.json").read_text())
-    unrouted = [f"{p['task']}-{p['n']}" for p in state["unrouted"]["rollout"]]
-    assert unrouted == list(first.fleets[0].coordination.queue.initial)
-    assert len(unrouted) <= plan["control"]["staleness"]["batch_size"]  # at most one batch drawn ahead
+    assert (out / "state.json").exists()
+    open_groups, drawn = ledger_open_groups(out)
+    assert open_groups  # in flight, buffered or drawn ahead at the checkpoint: never trained
     second = Recording(plan, out_dir=out, resume=True, log=lambda *a: None)
     second.run()
     assert [h["step"] for h in second.history] == list(range(1, 5))
     assert second.tracker.run_id == first.tracker.run_id
-    assert second.drawn[:len(unrouted)] == unrouted
-    assert f"main-{state['positions']['main']}" in second.drawn  # then the prompts after the first run's last
+    assert second.drawn[:len(open_groups)] == open_groups  # generated again first, under their own ids
+    assert f"main-{drawn}" in second.drawn  # then the prompts after the first run's last
+    assert_ledger(out, steps=4, batch=plan["control"]["staleness"]["batch_size"], eta=plan["control"]["staleness"]["eta"])
+
+
+def ledger_open_groups(out: Path) -> tuple[list[str], int]:
+    """Groups the ledger has drawn but not finished, in draw order, and how many prompts were drawn."""
+    import sqlite3
+
+    from rlflow.runtime.ledger import TERMINAL
+
+    db = sqlite3.connect(out / "ledger.sqlite")
+    rows = db.execute(f"select gid from groups where state not in ({','.join('?' * len(TERMINAL))}) order by seq",
+                      TERMINAL).fetchall()
+    return [g for (g,) in rows], db.execute("select max(n) + 1 from groups").fetchone()[0]
+
+
+def assert_ledger(out: Path, *, steps: int, batch: int, eta) -> None:
+    """From the durable ledger: each step trained `batch` groups, no group twice, none above the bound."""
+    import sqlite3
+
+    db = sqlite3.connect(out / "ledger.sqlite")
+    per_step = dict(db.execute("select step, count(*) from groups where state='trained' group by step").fetchall())
+    assert per_step == {s: batch for s in range(1, steps + 1)}, per_step
+    worst = db.execute("select max(staleness), min(staleness) from groups where state='trained'").fetchone()
+    assert worst[1] >= 0 and (eta is None or worst[0] <= eta), worst
+    trained = db.execute("select count(*) from trajectories where state='trained'").fetchone()[0]
+    assert trained >= steps * batch  # every trained group's trajectories are on record
+
+
+KILL_SCRIPT = """
+import os, sys
+from pathlib import Path
+import ray
+from rlflow.compiler import compile_pipeline
+from rlflow.runtime.driver import Run
+plan = compile_pipeline(sys.argv[1], sys.argv[4:])
+ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+Run(plan, out_dir=Path(sys.argv[2]), resume=sys.argv[3] == "1", log=lambda *a: print(*a, flush=True)).run()
+"""
+
+
+def test_driver_killed_with_sigkill_resumes_losing_nothing(workdir):
+    """kill -9 of the driver at a random step after a checkpoint, then --resume: from the ledger, every step
+    trained one batch, no group twice, none above the bound; the groups open at the kill are generated again."""
+    import random
+    import sqlite3
+    import subprocess
+    import sys
+
+    out = workdir / "run"
+    args = [str(REPO / "pipelines" / "quickstart.yaml"), str(out)]
+    small = SMALL + ["stages.train.steps=5", "stages.train.checkpoint_every=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    kill_after = random.Random().randint(2, 3)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, *args, "0", *small], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "ledger.sqlite").exists():
+            step = sqlite3.connect(out / "ledger.sqlite").execute("select max(step) from groups").fetchone()[0]
+            if step is not None and step >= kill_after:
+                proc.kill()  # SIGKILL: no handler runs, nothing is flushed beyond what was committed
+                break
+        time.sleep(0.2)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
+    open_groups, _ = ledger_open_groups(out)
+    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", *small], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resuming at step" in done.stdout
+    assert_ledger(out, steps=5, batch=2, eta=1)
+    db = sqlite3.connect(out / "ledger.sqlite")
+    rows = db.execute(f"select gid, state, attempt from groups where gid in ({','.join('?' * len(open_groups))})",
+                      open_groups).fetchall()
+    assert len(rows) == len(open_groups) > 0
+    trained = [(g, a) for g, s, a in rows if s == "trained"]
+    assert trained and all(a >= 2 for _, a in trained), rows  # generated again after the kill, then trained
 
 
 def test_missing_data_file_is_a_clear_error(ray_cluster, workdir):
