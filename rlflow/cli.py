@@ -10,7 +10,7 @@ import traceback
 from datetime import datetime, timezone
 
 from rlflow import __version__
-from rlflow.errors import PipelineInvalid
+from rlflow.errors import PipelineInvalid, RunFailed
 
 EXIT_OK, EXIT_BUG, EXIT_INVALID, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the pipeline JSON Schema (for editor completion)")
     p = sub.add_parser("run", help="execute a compiled plan on Ray")
     p.add_argument("plan", nargs="?", default=None, help="plan path (default .rlflow/plan.json)")
-    p.add_argument("--resume", action="store_true", help="continue from the plan's last checkpoint")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN",
+                   help="continue a run from its checkpoint: the newest run of the plan's pipeline, or RUN "
+                        "(a run id under .rlflow/runs/<name>/, or a run directory)")
     p.add_argument("--address", default=None, help="join this Ray cluster instead of starting an embedded one")
     overrides(p)
     p = sub.add_parser("simulate", help="run the plan in the discrete-event simulator (any scale, seconds)")
@@ -88,8 +90,12 @@ def _schema(args) -> int:
 
 
 def _run(args) -> int:
+    from pathlib import Path
+
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan, write_plan
 
+    if args.resume not in (None, "latest") and args.plan is None and Path(args.resume).is_file():
+        args.plan, args.resume = args.resume, "latest"  # `rlflow run --resume plan.json`: the plan, not a run
     plan_path = args.plan or DEFAULT_PLAN
     plan = read_plan(plan_path)
     if args.overrides:
@@ -97,7 +103,7 @@ def _run(args) -> int:
         write_plan(plan, plan_path)
     from rlflow.runtime.launch import launch
 
-    summary = launch(plan, resume=args.resume, address=args.address)
+    summary = launch(plan, resume=args.resume or False, address=args.address)
     print(json.dumps(summary, indent=2))
     return EXIT_OK if not summary.get("stopped") else 130
 
@@ -181,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RunFailed as e:  # the run stopped for a reason it names (stall, dead trainer, failed stream)
+        print(f"run stopped: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except Exception:  # a bug in rlflow: show everything
         traceback.print_exc()
         print("\nthis is a bug in rlflow; please report it with the traceback above", file=sys.stderr)

@@ -58,3 +58,8 @@ class PipelineInvalid(Exception):
 def _sort_key(p: Problem):
     # by document position (line when known), then path, then text
     return (p.line if p.line is not None else 10**9, tuple(str(x) for x in p.loc), p.message)
+
+
+class RunFailed(RuntimeError):
+    """A run stopped for a reason outside rlflow's code (a stall, a dead trainer, a failed reward stream);
+    the message says what happened and how to resume. `rlflow run` exits 3 with it, no traceback."""

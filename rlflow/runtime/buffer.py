@@ -44,6 +44,17 @@ class Buffer:
         self.group_version[gid] = version
 
     # ------------------------------------------------------------------ from the reward streams
+    def rewarded_batch(self, batch: dict) -> list[tuple[str, list[float]]]:
+        """A reward stream's output (one row per trajectory, whole groups): each group to `rewarded`.
+        Returns (task, rewards scored) per group, for the metrics."""
+        groups: dict[str, list[tuple]] = {}
+        tasks: dict[str, str] = {}
+        columns = ("traj_id", "group_id", "task", "reward", "reward_error", "kept")
+        for tid, gid, task, r, err, kept in zip(*(batch[k] for k in columns)):
+            groups.setdefault(str(gid), []).append((str(tid), float(r), str(err or ""), bool(kept)))
+            tasks[str(gid)] = str(task)
+        return [(tasks[gid], self.rewarded(gid, rows)) for gid, rows in groups.items()]
+
     def rewarded(self, gid: str, rows: list[tuple[str, float, str, bool]]) -> list[float]:
         """A scored group: rows of (traj_id, reward, error, kept). Returns the rewards scored (for metrics)."""
         if gid in self.evicted:  # the policy gave up on it while it was being rewarded

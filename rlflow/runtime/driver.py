@@ -23,6 +23,7 @@ from pathlib import Path
 
 import ray
 
+from rlflow.errors import RunFailed
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.ledger import Ledger
@@ -37,8 +38,12 @@ STALL_S = 300  # no step, score or train result for this long: the run is stuck
 HEARTBEAT_S = 5.0
 
 
-class RunStalled(RuntimeError):
+class RunStalled(RunFailed):
     """Nothing happened for STALL_S; the message says what the run was waiting for."""
+
+
+RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger generates again every group "
+               "that was not trained into it")
 
 
 class Run:
@@ -53,6 +58,7 @@ class Run:
         self.events: queue.Queue = queue.Queue()
         self.tracker_run_id = None
         self.metrics = Metrics(plan, log=log)
+        self.trainer_dead = False
 
     # ------------------------------------------------------------------ setup, from the plan
     def _start(self) -> None:
@@ -146,6 +152,11 @@ class Run:
                     self._consume()
                 self._handle(self._next_event())
             status = "FINISHED" if not self.stop_requested else "KILLED"
+        except RunFailed as err:
+            self.log(f"run stopped: {err}")
+            if not self.trainer_dead:
+                status = "KILLED"  # the trainer is alive: save a checkpoint to resume from, then fail
+            raise
         finally:
             signal.signal(signal.SIGINT, previous)
             self._shutdown(status)
@@ -184,7 +195,7 @@ class Run:
             self._on_rewarded(*payload)
         elif tag == "error":
             stage, err = payload
-            raise RuntimeError(f"reward stage '{stage}' failed: {err}")
+            raise RunFailed(f"reward stage '{stage}' failed: {err}; {RESUME_HINT}")
         elif tag[0] == "step":
             _, fleet, inst = tag
             try:
@@ -192,33 +203,26 @@ class Run:
             except ray.exceptions.RayActorError as err:
                 fleet.on_death(inst, err)
         elif tag[0] == "train":
-            self._finish_step(payload[0].result())
+            try:
+                trained = payload[0].result()
+            except ray.exceptions.RayActorError as err:
+                self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
+                raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
+                                f"{RESUME_HINT}") from None
+            self._finish_step(trained)
         self.ledger.flush()
 
     def _on_rewarded(self, stage: str, batch: dict) -> None:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
-        groups: dict[str, list[tuple]] = {}
-        tasks: dict[str, str] = {}
-        for tid, gid, task, r, err, kept in zip(*(batch[k] for k in ("traj_id", "group_id", "task", "reward", "reward_error", "kept"))):
-            groups.setdefault(str(gid), []).append((str(tid), float(r), str(err or ""), bool(kept)))
-            tasks[str(gid)] = str(task)
-        for gid, rows in groups.items():
-            self.metrics.rewarded(tasks[gid], self.buffer.rewarded(gid, rows))
+        for task, scored in self.buffer.rewarded_batch(batch):
+            self.metrics.rewarded(task, scored)
 
     def _consume(self) -> None:
         batch, rewards, groups = self.buffer.consume()
-        s_of = {e.gid: batch.version - e.version for e in batch.entries}
-        tids = list(rewards)
-        lengths = {t: self._pop_length(t) for t in tids}
-        self.ledger.trained(self.step + 1, {g: s_of[g] for g in groups}, tids)
-        info = {"staleness": [s_of[g] for g in groups], "rewards": [rewards[t] for t in tids], "version": batch.version,
-                "lengths": [lengths[t] for t in tids], "group_max": [max(lengths[t] for t in m) for m in groups.values()],
-                "task_of_traj": [t.split("/")[0].rsplit("-", 1)[0] for t in tids],
-                "staleness_of_traj": [s_of[t.split("/")[0]] for t in tids]}
-        self.sink.start(rewards, batch.version, info, self._submit)
-
-    def _pop_length(self, tid: str) -> int:
-        return next((f.lengths.pop(tid) for f in self.fleets if tid in f.lengths), 0)
+        staleness = {e.gid: batch.version - e.version for e in batch.entries}
+        self.ledger.trained(self.step + 1, staleness, list(rewards))
+        lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
+        self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, groups, staleness, lengths), self._submit)
 
     def _finish_step(self, trained: dict) -> None:
         self.sink.ref = None

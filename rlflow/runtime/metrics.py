@@ -25,6 +25,17 @@ class Metrics:
         self._busy_prev = 0.0
         self.t0 = time.monotonic()
 
+    @staticmethod
+    def batch_info(rewards: dict[str, float], groups: dict[str, list[str]], staleness: dict[str, int],
+                   lengths: dict[str, int]) -> dict:
+        """What a step row needs of the consumed batch (traj ids are `<task>-<n>/<member>`)."""
+        tids = list(rewards)
+        gid = {t: t.split("/")[0] for t in tids}
+        return {"staleness": [staleness[g] for g in groups], "rewards": [rewards[t] for t in tids],
+                "lengths": [lengths[t] for t in tids], "group_max": [max(lengths[t] for t in m) for m in groups.values()],
+                "task_of_traj": [gid[t].rsplit("-", 1)[0] for t in tids],
+                "staleness_of_traj": [staleness[gid[t]] for t in tids]}
+
     def rewarded(self, task: str, rewards: list[float]) -> None:
         self.scored.setdefault(task, []).extend(rewards)
 

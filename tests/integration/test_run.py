@@ -385,3 +385,27 @@ def test_mixed_tasks_run_on_their_own_rollout_and_reward_stages(ray_cluster, wor
 
     metrics = mlflow.get_run(run.tracker.run_id).data.metrics
     assert {f"task/{name}/reward_all_mean" for name in tasks} <= set(metrics)
+
+
+def test_killed_trainer_stops_with_a_clear_message_and_resumes(ray_cluster, workdir):
+    """The trainer actor dies mid-run: the run stops with RunFailed naming it and the way to resume (no
+    checkpoint can be taken from a dead trainer); --resume continues from the last periodic checkpoint."""
+    import ray
+
+    from rlflow.errors import RunFailed
+    from rlflow.runtime.driver import Run
+
+    class KillTrainer(Run):
+        def _consume(self):
+            super()._consume()
+            if self.step == 1:  # step 2 is in flight: kill the trainer under it
+                ray.kill(self.sink.actor)
+
+    plan = plan_for("quickstart", "stages.train.steps=3", "stages.train.checkpoint_every=1")
+    out = Path(".rlflow/runs/trainer-killed")
+    with pytest.raises(RunFailed, match=r"trainer died during step 2.*--resume"):
+        KillTrainer(plan, out_dir=out, log=lambda *a: None).run()
+    resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
+    resumed.run()
+    assert [h["step"] for h in resumed.history] == [1, 2, 3]
+    assert_ledger(out, steps=3, batch=2, eta=1)
