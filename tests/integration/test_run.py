@@ -190,17 +190,31 @@ Run(plan, out_dir=Path(sys.argv[2]), resume=sys.argv[3] == "1", log=lambda *a: p
 """
 
 
-def test_driver_killed_with_sigkill_resumes_losing_nothing(workdir):
+def trained_per_step(out: Path) -> dict[int, list[str]]:
+    import sqlite3
+
+    rows = sqlite3.connect(out / "ledger.sqlite").execute("select step, gid from groups where state='trained'").fetchall()
+    steps: dict[int, list[str]] = {}
+    for step, gid in rows:
+        steps.setdefault(step, []).append(gid)
+    return {k: sorted(v) for k, v in steps.items()}
+
+
+def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir):
     """kill -9 of the driver at a random step after a checkpoint, then --resume: from the ledger, every step
-    trained one batch, no group twice, none above the bound; the groups open at the kill are generated again."""
+    trained one batch, no group twice, none above the bound (synchronous: 0), the groups open at the kill were
+    generated again — and the run trained the same prompts at the same steps as a run that never crashed."""
     import random
     import sqlite3
     import subprocess
     import sys
 
-    out = workdir / "run"
-    args = [str(REPO / "pipelines" / "quickstart.yaml"), str(out)]
     small = SMALL + ["stages.train.steps=5", "stages.train.checkpoint_every=1"]
+    reference = run_plan(compile_pipeline(REPO / "pipelines" / "synchronous.yaml", small))
+    expected = trained_per_step(reference.out_dir)
+
+    out = workdir / "run"
+    args = [str(REPO / "pipelines" / "synchronous.yaml"), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     kill_after = random.Random().randint(2, 3)
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, *args, "0", *small], env=env,
@@ -220,7 +234,8 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(workdir):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "resuming at step" in done.stdout
-    assert_ledger(out, steps=5, batch=2, eta=1)
+    assert_ledger(out, steps=5, batch=2, eta=0)
+    assert trained_per_step(out) == expected  # same prompts, same steps, crash or not
     db = sqlite3.connect(out / "ledger.sqlite")
     rows = db.execute(f"select gid, state, attempt from groups where gid in ({','.join('?' * len(open_groups))})",
                       open_groups).fetchall()
