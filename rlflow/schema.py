@@ -45,7 +45,8 @@ class TaskSource(Strict):
     source: str
     """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
     weight: Annotated[float, Field(gt=0)] = 1.0
-    """Share of prompts drawn for this task, relative to the other tasks' weights."""
+    """Share of prompts drawn for this task, relative to the other tasks served by the same rollout stage
+    (tasks on separate rollout stages are drawn as fast as their stage admits work)."""
     limit: PositiveInt | None = None
     """Read at most this many of this task's prompts (cycled when training needs more)."""
     prompt_field: str = "prompt"
