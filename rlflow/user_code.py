@@ -6,7 +6,7 @@ PYTHONPATH (`importable_from`); the plan records the directories the named modul
 
 Whether it fits, by signature, at compile (rule `not-a-<category>`), so a run does not die minutes in:
 - a reward is called fn(completion, answer), with prompt= and row= only when its signature takes
-  them by name or through **kwargs (the runtime's rlflow/runtime/reward_stream.py reward_caller);
+  them by name or through **kwargs (the runtime's rlflow/runtime/reward_call.py reward_caller);
 - a filter is called fn(rewards) with one list of a group's rewards;
 - a ranker is called with no arguments and gives an object with predict(prompts) and observe(prompts, lengths).
 Classes are not rewards or filters, and nothing from the Python standard library or the builtins is a
@@ -150,7 +150,7 @@ def _signature(obj):
 
 
 def _reward_call(sig: inspect.Signature) -> tuple[tuple, dict]:
-    """The arguments the runtime passes (rlflow/runtime/reward_stream.py reward_caller: same rule)."""
+    """The arguments the runtime passes (rlflow/runtime/reward_call.py reward_caller: same rule)."""
     params = sig.parameters.values()
     names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     takes_any = any(p.kind == p.VAR_KEYWORD for p in params)

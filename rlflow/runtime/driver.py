@@ -97,7 +97,8 @@ class Run:
                                     ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
         filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
         self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
-                                     concurrency=op["concurrency"], num_cpus=op["num_cpus"])
+                                     concurrency=op["concurrency"], num_cpus=op["num_cpus"],
+                                     source=plan["source"])
                         for op in plan["data_operators"] if op["kind"] == "reward"]
         if state:
             self._restore(state, replay)

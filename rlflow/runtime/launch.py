@@ -1,10 +1,29 @@
-"""Start (or join) Ray for a plan, run it, and shut down what was started."""
+"""Start (or join) Ray for a plan, run it, and shut down what was started.
+
+Every run has its own directory, `.rlflow/runs/<pipeline name>/<run id>` (run id: the UTC start time and a
+short random suffix, e.g. 20261123-041502-7f3a), holding its checkpoint, its state and `run.json` (what
+started it). Two runs of one pipeline in one working directory never share one. `--resume` continues a
+run in its own directory: by default the newest run of the pipeline that has a checkpoint, or the one named
+by run id or path. Inputs that may have changed since compile (the model directory, the DeepSpeed config) are
+checked before Ray starts, so a bad one exits 2 at once.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import secrets
+import time
+from datetime import datetime, timezone
 from pathlib import Path
+
+from rlflow.errors import PipelineInvalid, Problem
+
+RUNS_DIR = Path(".rlflow") / "runs"
+RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
+STATE_FILE = "state.json"  # the checkpoint's state file, unless rlflow/runtime/checkpoint.py names another
+LATEST = "latest"  # `--resume` with no run named
 
 
 def _logical_cpus(plan: dict) -> int:
@@ -13,8 +32,126 @@ def _logical_cpus(plan: dict) -> int:
     return max(os.cpu_count() or 1, math.ceil(plan["resources"]["num_cpus"]) + 3)
 
 
-def launch(plan: dict, *, resume: bool = False, address: str | None = None, log=print) -> dict:
-    """Run the plan to completion (or Ctrl-C); returns the run summary."""
+# ---------------------------------------------------------------------------------------------- run directories
+def new_run_id(now: float | None = None) -> str:
+    """'20261123-041502-7f3a': UTC start time (sorts by time) and 4 random hex digits (two runs in one second)."""
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def new_run_dir(plan: dict, root: Path = RUNS_DIR) -> Path:
+    """A fresh run directory for `plan`, with its run.json written (created atomically: never reused)."""
+    base = Path(root) / plan["name"]
+    base.mkdir(parents=True, exist_ok=True)
+    while True:
+        run_id = new_run_id()
+        try:
+            (base / run_id).mkdir()
+            break
+        except FileExistsError:
+            continue
+    info = {"run_id": run_id, "pipeline": plan["name"], "source": plan["source"], "started": time.time(),
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (base / run_id / RUN_FILE).write_text(json.dumps(info, indent=2))
+    return base / run_id
+
+
+def resumable(run_dir: Path) -> bool:
+    """The run directory holds a checkpoint to resume from (checkpoint.resumable when it has one, else its
+    state file)."""
+    from rlflow.runtime import checkpoint
+
+    if callable(getattr(checkpoint, "resumable", None)):
+        return bool(checkpoint.resumable(Path(run_dir)))
+    return (Path(run_dir) / getattr(checkpoint, "STATE_FILE", STATE_FILE)).is_file()
+
+
+def _started(run_dir: Path) -> float:
+    try:
+        return float(json.loads((run_dir / RUN_FILE).read_text())["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run_dir.stat().st_mtime
+
+
+def list_runs(name: str, root: Path = RUNS_DIR) -> list[Path]:
+    """The run directories of pipeline `name`, oldest first. A checkpoint written by an rlflow from before run
+    directories (state.json directly in .rlflow/runs/<name>/) counts as one run, the directory itself."""
+    base = Path(root) / name
+    if not base.is_dir():
+        return []
+    runs = [d for d in base.iterdir() if d.is_dir() and ((d / RUN_FILE).is_file() or resumable(d))]
+    if resumable(base):
+        runs.append(base)
+    return sorted(runs, key=lambda d: (_started(d), d.name))
+
+
+def find_run(plan: dict, which: str, root: Path = RUNS_DIR, log=print) -> Path:
+    """The run directory `--resume [which]` means: LATEST (the newest run of this pipeline with a checkpoint),
+    a run id of this pipeline, or a path to a run directory. PipelineInvalid (exit 2) with the way out when
+    there is none."""
+    name, source = plan["name"], plan["source"]
+    runs = list_runs(name, root)
+    where = Path(root) / name
+
+    def fail(message: str, rule: str, fix: str):
+        raise PipelineInvalid(source, [Problem(("--resume",), message, rule, fix)])
+
+    def listed() -> str:
+        shown = [f"{r.name}{'' if resumable(r) else ' (no checkpoint)'}" for r in runs[-5:]]
+        return f"runs in {where}: {', '.join(shown)}" if runs else f"no runs in {where}"
+
+    if which == LATEST:
+        ok = [r for r in runs if resumable(r)]
+        if not ok:
+            if runs:
+                fail(f"no run of pipeline '{name}' has a checkpoint to resume ({listed()})", "no-checkpoint",
+                     "run without --resume to start afresh (a checkpoint is saved on Ctrl-C, at the end, "
+                     "and every stages.<train>.checkpoint_every steps)")
+            fail(f"no run of pipeline '{name}' to resume (nothing in {where})", "no-run",
+                 "run without --resume first (Ctrl-C saves a checkpoint)")
+        newer = [r.name for r in runs if _started(r) > _started(ok[-1])]
+        if newer:
+            log(f"resuming run {ok[-1].name}: the newer run(s) {', '.join(newer)} have no checkpoint")
+        return ok[-1]
+    candidates = [where / which, Path(which)]
+    run_dir = next((c for c in candidates if c.is_dir()), None)
+    if run_dir is None:
+        fail(f"no run '{which}' of pipeline '{name}' ({listed()})", "no-run",
+             "name one of those run ids (or a run directory), or use --resume alone for the newest")
+    if not resumable(run_dir):
+        fail(f"run '{which}' ({run_dir}) has no checkpoint to resume", "no-checkpoint",
+             "resume another run (--resume alone takes the newest with a checkpoint), or run without --resume")
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------------------- before Ray starts
+def preflight(plan: dict) -> None:
+    """Inputs the plan names that may have changed since compile, checked before Ray starts: the model
+    directory and the DeepSpeed config (PipelineInvalid, exit 2). The driver checks them again itself."""
+    problems: list[Problem] = []
+    if not plan["pipeline"]["model"]["path"].startswith("builtin:"):
+        from rlflow.runtime.model import check_model_dir
+
+        try:
+            check_model_dir(plan["pipeline"]["model"]["path"], source=plan["source"])
+        except PipelineInvalid as e:
+            problems += e.problems
+    from rlflow.runtime.train_sink import check_deepspeed_config
+
+    try:
+        check_deepspeed_config(plan)
+    except PipelineInvalid as e:
+        problems += e.problems
+    if problems:
+        raise PipelineInvalid(plan["source"], problems)
+
+
+def launch(plan: dict, *, resume: bool | str = False, address: str | None = None, log=print,
+           root: Path = RUNS_DIR) -> dict:
+    """Run the plan to completion (or Ctrl-C); returns the run summary. `resume`: False (a new run), True or
+    LATEST (the newest run of this pipeline with a checkpoint), or a run id / run directory."""
+    run_dir = find_run(plan, LATEST if resume is True else resume, root, log=log) if resume else None
+    preflight(plan)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +162,8 @@ def launch(plan: dict, *, resume: bool = False, address: str | None = None, log=
 
     from rlflow.runtime.driver import Run
 
+    out_dir = run_dir or new_run_dir(plan, root)
+    log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
     cluster = plan["resources"]["cluster"]
     address = address or cluster["address"]
     started = not ray.is_initialized()
@@ -39,14 +178,15 @@ def launch(plan: dict, *, resume: bool = False, address: str | None = None, log=
         else:
             ray.init(num_cpus=cluster["num_cpus"] or _logical_cpus(plan), num_gpus=cluster["num_gpus"],
                      include_dashboard=False, runtime_env=env, log_to_driver=True)
-    out_dir = Path(".rlflow") / "runs" / plan["name"]
-    run = Run(plan, out_dir=out_dir, resume=resume, log=log)
+    run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log)
     try:
         run.run()
-        summary = run.summary() | {"stopped": run.stop_requested, "checkpoint": str(out_dir / "checkpoint")}
+        summary = run.summary() | {"stopped": run.stop_requested, "run_dir": str(out_dir),
+                                   "checkpoint": str(out_dir / "checkpoint")}
     finally:
         if started:
             ray.shutdown()
     if summary["stopped"]:
-        log(f"stopped at step {summary['steps']}; resume with: rlflow run --resume")
+        log(f"stopped at step {summary['steps']}; resume with: rlflow run --resume "
+            f"(the newest run), or --resume {out_dir.name} (this one)")
     return summary

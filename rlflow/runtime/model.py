@@ -1,19 +1,74 @@
-"""The policy model directory a run starts from: a built-in model built locally, or a local HF directory."""
+"""The policy model directory a run starts from: a built-in model built locally, or a local HF directory.
+
+A local directory is checked again when the run starts (`check_model_dir`): it was there at compile, but it
+may have been moved or deleted since, or it may hold a config but no weights. Either is invalid input (exit 2
+naming model.path) found before any actor starts, not an engine's traceback a minute in.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlflow import registry
+from rlflow.errors import PipelineInvalid, Problem
+
+#: single-file weights `from_pretrained` loads, and the index files of sharded ones
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "consolidated.safetensors")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: files a Hugging Face tokenizer is loaded from (any one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+FIX = "restore it, or point model.path at a directory saved with save_pretrained (weights, config and tokenizer), then re-run rlflow compile"
+
+
+def check_model_dir(path: str | Path, *, source: str) -> Path:
+    """`path` if it is a local Hugging Face model directory: config.json (a JSON object), the weights it names
+    and a tokenizer; else PipelineInvalid at model.path (rule bad-model-path) saying what is missing."""
+    path = Path(path)
+
+    def bad(message: str):
+        raise PipelineInvalid(source, [Problem(("model", "path"), message, "bad-model-path", FIX)])
+
+    if not path.exists():
+        bad(f"model directory '{path}' no longer exists (it did when the plan was compiled)")
+    if not path.is_dir():
+        bad(f"'{path}' is not a directory (a Hugging Face model is a directory)")
+    config = path / "config.json"
+    if not config.is_file():
+        bad(f"'{path}' is not a Hugging Face model directory: it has no config.json")
+    try:
+        parsed = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        bad(f"'{config}' is not valid JSON ({err})")
+    if not isinstance(parsed, dict) or "model_type" not in parsed:
+        bad(f"'{config}' is not a Hugging Face model config (no \"model_type\")")
+    weights = [f for f in WEIGHT_FILES if (path / f).is_file()]
+    index = next((path / f for f in WEIGHT_INDEXES if (path / f).is_file()), None)
+    if index is not None and not weights:
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            bad(f"'{index}' is not a valid weight index ({type(err).__name__}: {err})")
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            bad(f"'{path}' lacks {len(missing)} of the {len(shards)} weight shards '{index.name}' names "
+                f"(first: {missing[0]})")
+        weights = shards
+    if not weights:
+        bad(f"'{path}' has no model weights (none of {', '.join(WEIGHT_FILES + WEIGHT_INDEXES)})")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        bad(f"'{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    return path
 
 
 def prepare_model(plan: dict, log=print) -> Path:
     """Local Hugging Face directory for plan's model (builds and caches builtin:tiny-llama on first use,
-    warm-started on the plan's built-in tasks; on `arith` when the data are files)."""
+    warm-started on the plan's built-in tasks; on `arith` when the data are files). A local directory is
+    checked first (check_model_dir): PipelineInvalid naming model.path if it vanished or is not a model."""
     spec = plan["pipeline"]["model"]
     if spec["path"].startswith("builtin:"):
         sources = sorted({t["source"].removeprefix("builtin:") for t in plan["tasks"].values()
                           if t["source"].startswith("builtin:")})
         build = registry.resolve("model", spec["path"])
         return Path(build(task="+".join(sources) or "arith", seed=plan["pipeline"]["seed"], progress=log))
-    return Path(spec["path"])
+    return check_model_dir(spec["path"], source=plan["source"])

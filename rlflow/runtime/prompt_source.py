@@ -66,6 +66,11 @@ def _stream_context():
          ctx.print_on_execution_start) = saved
 
 
+def _missing(value) -> bool:
+    """No value: absent, null, or a float NaN (how Parquet/pandas often write a null)."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def _plain(row: dict) -> dict:
     """The row as plain JSON types (timestamps and the like become strings)."""
     return json.loads(json.dumps(row, default=str))
@@ -130,6 +135,7 @@ class _TaskRows:
             if row is not None:
                 if self.in_epoch == 0:
                     self._check_columns(row)
+                self._check_row(row)
                 self.in_epoch += 1
                 if self._first is not None:
                     self._first.append(row)
@@ -147,6 +153,41 @@ class _TaskRows:
             self.fail(f"'{self.spec['source']}' has no column {', '.join(repr(m) for m in missing)} "
                       f"(columns: {', '.join(row)})", "bad-data",
                       "set prompt_field / answer_field to the right columns")
+
+    def _check_row(self, row: dict) -> None:
+        """Every row needs a prompt and an answer: a missing or null one would be trained on as the text
+        'None' (missing-prompt / missing-answer, naming the row)."""
+        for field, what in zip(self.fields, ("prompt", "answer")):
+            if _missing(row.get(field)):
+                self.fail(f"{self._where_missing(field)} has no {what} ({field!r} is missing or null)", f"missing-{what}",
+                          f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one")
+
+    def _where_missing(self, field: str) -> str:
+        """Where the file first lacks `field`: "'p.jsonl' line 7" (rows are drawn shuffled, so the row drawn is
+        found again by reading the file; only on this error path). Falls back to the draw's position."""
+        src = self.spec["source"]
+        drawn = f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
+        if src.startswith("builtin:"):
+            return drawn
+        try:
+            if Path(src).suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                names = pq.read_schema(src).names
+                if field not in names:
+                    return f"'{src}' row 1"
+                column = pq.read_table(src, columns=[field]).column(field).to_pylist()
+                first = next((i for i, v in enumerate(column) if _missing(v)), None)
+                return drawn if first is None else f"'{src}' row {first + 1}"
+            with open(src, encoding="utf-8") as f:
+                for number, line in enumerate(f, start=1):
+                    if line.strip():
+                        value = json.loads(line)
+                        if isinstance(value, dict) and _missing(value.get(field)):
+                            return f"'{src}' line {number}"
+        except Exception:  # noqa: BLE001 - only locating the row; the problem itself is already known
+            pass
+        return drawn
 
     def close(self) -> None:
         if self._rows is not None:

@@ -12,14 +12,15 @@ per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
 Output: `start(out)` puts ("rewarded", stage, batch) per bundle, where batch is a dict of equal-length lists,
 one entry per trajectory, whole groups only: group_id, traj_id, task, reward (float; nan when it failed),
-reward_error ("" or "<fn> raised <Type>: <msg>"), kept (the group filter's verdict for the member's group).
+reward_error ("" or why it failed), kept (the group filter's verdict for the member's group).
 On failure, or if the stream ends while not closed, it puts ("error", stage, RuntimeError naming the stage).
+
+How a single reward call is made safe (timeouts, non-numbers, the failure rate) is reward_call.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
+from rlflow.runtime.reward_call import (REWARD_TIMEOUT_S, TIMEOUTS_IN_A_ROW, FailureRate, RewardTimeout, TimedCall,
+                                        as_reward, filter_verdict, reward_caller)
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
 MAX_GROUPS_PER_PULL = 16  # the most groups one bundle (row) holds
@@ -43,30 +46,6 @@ CLOSE_TIMEOUT_S = 10.0
 # process on some group would hang the run: a few restarts survive a lost worker, then the stream fails.
 # Passed as map_batches(**ray_remote_args), the way Ray 2.60 documents; deprecated for 2.64 (Ray is pinned).
 RESTARTS = {"max_restarts": 2, "max_task_retries": 2}
-
-
-def reward_caller(fn):
-    """fn(completion, answer[, prompt=][, row=]) as call(completion, answer, prompt, row): passes the extra
-    keywords only when fn's signature accepts them (by name, or through **kwargs)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # no signature (some builtins): the two-argument form
-        params = []
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
-    extra = [k for k in ("prompt", "row") if takes_any or k in names]
-
-    def call(completion: str, answer: str, prompt: str, row: dict):
-        given = {"prompt": prompt, "row": row}
-        return fn(completion, answer, **{k: given[k] for k in extra})
-
-    return call
-
-
-def filter_verdict(fn, rewards: list[float], errors: list[str]) -> bool:
-    """Keep a group? Judged on its members that scored; a group with none is dropped."""
-    ok = [r for r, e in zip(rewards, errors, strict=True) if not e]
-    return bool(ok) and (fn is None or bool(fn(ok)))
 
 
 class GroupSource(Datasource):
@@ -127,24 +106,49 @@ def _each_group(bundles: pa.Table):
 class Score:
     """Ray Data actor: reward per trajectory; a raising reward marks that trajectory failed, not the stream."""
 
-    def __init__(self, fn_ref: str):
+    def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S):
         self.fn_ref, self.call = fn_ref, reward_caller(registry.resolve("reward", fn_ref))
+        self.timeout_s, self.timed = timeout_s, TimedCall(timeout_s)
+        self.timeouts_in_row = 0
 
     def __call__(self, bundles: pa.Table) -> pa.Table:
+        self.timeouts_in_row = 0  # each bundle calls the reward again
         scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
         return pa.Table.from_pydict({"groups": scored})
 
     def score(self, g: dict) -> dict:
         row, rewards, errors = json.loads(g["row"]), [], []
         for completion in g["completion"]:
-            try:
-                rewards.append(float(self.call(str(completion), g["answer"], g["prompt"], row)))
-                errors.append("")
-            except Exception as e:  # noqa: BLE001 - user code: contain the failure to this trajectory
-                rewards.append(float("nan"))
-                errors.append(f"{self.fn_ref} raised {type(e).__name__}: {e}")
+            reward, error = self.score_one(str(completion), g["answer"], g["prompt"], row)
+            rewards.append(reward)
+            errors.append(error)
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], "reward": rewards,
                 "reward_error": errors}
+
+
+    def score_one(self, completion: str, answer: str, prompt: str, row: dict) -> tuple[float, str]:
+        """(reward, "") or (nan, why it failed): raised, not a finite number, or timed out."""
+        if self.timeouts_in_row >= TIMEOUTS_IN_A_ROW:
+            return float("nan"), (f"{self.fn_ref} not called: its last {self.timeouts_in_row} calls timed out "
+                                  f"after {self.timeout_s:g} s")
+        try:
+            value = self.timed(self.call, completion, answer, prompt, row)
+        except RewardTimeout:
+            self.timeouts_in_row += 1
+            return float("nan"), f"{self.fn_ref} timed out after {self.timeout_s:g} s"
+        except Exception as e:  # noqa: BLE001 - user code: contain the failure to this trajectory
+            self.timeouts_in_row = 0
+            return float("nan"), f"{self.fn_ref} raised {type(e).__name__}: {_first_line(e)}"
+        self.timeouts_in_row = 0
+        try:
+            return as_reward(value), ""
+        except ValueError as e:
+            return float("nan"), f"{self.fn_ref} {e}"
+
+
+def _first_line(e: Exception) -> str:
+    text = (str(e).splitlines() or [""])[0]
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class FilterGroups:
@@ -173,12 +177,14 @@ def per_trajectory(bundles: pa.Table) -> dict:
 class RewardStream:
     """Reward stage `stage` as Ray Data operators over the store's queue for it; `start(out)` delivers batches."""
 
-    def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float):
+    def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
+                 source: str = "the pipeline"):
         registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
         if filter_fn:
             registry.resolve("filter", filter_fn)
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # the run prints its own progress
-        self.store, self.stage = store, stage
+        self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
+        self.failures = FailureRate(stage)
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         with one_row_per_block(), warnings.catch_warnings():
@@ -187,7 +193,7 @@ class RewardStream:
             self.dataset = (
                 ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
                                          override_num_blocks=1, num_cpus=0.01)
-                .map_batches(Score, fn_constructor_args=(reward_fn,), batch_size=None, batch_format="pyarrow",
+                .map_batches(Score, fn_constructor_args=(reward_fn, REWARD_TIMEOUT_S), batch_size=None, batch_format="pyarrow",
                              compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS)
                 .map_batches(FilterGroups, fn_constructor_args=(filter_fn,), batch_size=None, batch_format="pyarrow",
                              compute=ActorPoolStrategy(size=1), num_cpus=0.01, **RESTARTS)
@@ -205,6 +211,10 @@ class RewardStream:
                 if batch["traj_id"]:
                     out.put(("rewarded", self.stage, batch))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
+                    self.failures.add(batch["reward_error"])
+                    if self.failures.too_high() and not self._closing.is_set():
+                        out.put(("error", self.stage, self.failures.error(self.source, self.reward_fn)))
+                        return
             if not self._closing.is_set():
                 raise RuntimeError(self._why_ended())
         except Exception as e:  # noqa: BLE001 - whatever stopped it, the driver hears of it

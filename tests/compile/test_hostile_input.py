@@ -212,7 +212,7 @@ def test_filters_and_rankers_that_fit_are_accepted():
 
 def test_reward_rule_matches_the_runtime_caller():
     """user_code's reward rule passes the same keywords as the runtime's reward_caller."""
-    reward_stream = pytest.importorskip("rlflow.runtime.reward_stream")
+    reward_stream = pytest.importorskip("rlflow.runtime.reward_call")
     seen = {}
 
     def record(completion, answer, prompt, *, row=None):

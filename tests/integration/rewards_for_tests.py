@@ -6,3 +6,20 @@ def flaky_exact(completion: str, answer: str) -> float:
     if "a" in answer:
         raise RuntimeError(f"cannot score answer {answer!r}")
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def always_text(completion: str, answer: str):
+    """Returns a string, never a number (a buggy user reward: every trajectory fails)."""
+    return "yes" if completion.strip() == answer.strip() else "no"
+
+
+def sleepy(completion: str, answer: str, row: dict) -> float:
+    """Sleeps row["sleep"] seconds (a reward stuck on a slow service); records where it ran in row["probe"]."""
+    import threading
+    import time
+
+    if row.get("probe"):
+        with open(row["probe"], "a") as f:
+            f.write(f"{threading.current_thread() is threading.main_thread()}\n")
+    time.sleep(row.get("sleep", 0.0))
+    return 1.0

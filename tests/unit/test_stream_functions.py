@@ -10,7 +10,8 @@ import math
 import pyarrow as pa
 
 from rlflow.runtime.prompt_source import wrr_pick, wrr_state
-from rlflow.runtime.reward_stream import filter_verdict, per_trajectory, reward_caller
+from rlflow.runtime.reward_call import filter_verdict, reward_caller
+from rlflow.runtime.reward_stream import per_trajectory
 
 
 def picks(weights: dict, n: int, tasks=None, current=None) -> list[str]:
