@@ -10,7 +10,7 @@ from `control`. A trajectory's path, one module per hop:
 
 The loop waits on one queue of events — finished step calls (Ray futures), scored groups from the
 reward streams, stream failures — with a timeout: it never polls, and a run in which nothing happens
-for STALL_S stops with a message saying what it was waiting for.
+for the watchdog's limit (watchdog.py) stops with a checkpoint and a message saying what it was waiting for.
 """
 
 from __future__ import annotations
@@ -30,16 +30,12 @@ from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.train_sink import TrainSink
+from rlflow.runtime.watchdog import RunStalled, Watchdog
 from rlflow.runtime.weight_sync import WeightSync
 
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
 CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
-STALL_S = 300  # no step, score or train result for this long: the run is stuck
 HEARTBEAT_S = 5.0
-
-
-class RunStalled(RunFailed):
-    """Nothing happened for STALL_S; the message says what the run was waiting for."""
 
 
 RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger generates again every group "
@@ -143,7 +139,8 @@ class Run:
         self.log(f"run '{self.plan['name']}': {self.metrics.steps} steps of {self.control['batch_size']} groups; "
                  f"tasks {', '.join(self.plan['tasks'])}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
         status = "FAILED"
-        self.last_step_t = self.last_event_t = time.monotonic()
+        self.last_step_t = time.monotonic()
+        self.watchdog = Watchdog(lambda: len(self.metrics.history))
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 for f in self.fleets:
@@ -172,8 +169,7 @@ class Run:
             try:
                 return self.events.get(timeout=min(timeout, HEARTBEAT_S))
             except queue.Empty:
-                if time.monotonic() - self.last_event_t > STALL_S:
-                    raise RunStalled(f"nothing happened for {STALL_S} s; waiting for: {self._waiting_for()}") from None
+                self.watchdog.check(self._waiting_for)
                 if waits:
                     return None  # a coordinator cycle is due
 
@@ -190,7 +186,7 @@ class Run:
     def _handle(self, event) -> None:
         if event is None:
             return
-        self.last_event_t = time.monotonic()
+        self.watchdog.fed()
         tag, payload = event[0], event[1:]
         if tag == "rewarded":
             self._on_rewarded(*payload)

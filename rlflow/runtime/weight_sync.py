@@ -41,5 +41,13 @@ class WeightSync:
 
     def refresh(self) -> int:
         """Read the newest version (after the trainer published one)."""
-        self.version, self.ref = ray.get(self.server.latest.remote(), timeout=self.timeout_s)
+        from rlflow.errors import RunFailed
+
+        try:
+            self.version, self.ref = ray.get(self.server.latest.remote(), timeout=self.timeout_s)
+        except ray.exceptions.RayActorError as err:
+            raise RunFailed(f"the parameter server died ({type(err).__name__}); rlflow run --resume continues from "
+                            "the last checkpoint") from None
+        except ray.exceptions.GetTimeoutError:
+            raise RunFailed(f"the parameter server did not answer within {self.timeout_s:.0f} s") from None
         return self.version

@@ -38,9 +38,11 @@ def assert_accounted(run) -> None:
     eta = run.control["eta"]
     if eta is not None:
         assert max(run.staleness_all) <= eta
+    assert_ledger(run.out_dir, steps=len(run.history), batch=run.control["batch_size"], eta=eta)  # and durably
 
 
-@pytest.mark.parametrize("pipeline", ["quickstart", "synchronous", "bounded_async", "one_step", "staleflow", "laminar"])
+# quickstart runs in the failing-reward, killed-trainer and vLLM tests below
+@pytest.mark.parametrize("pipeline", ["synchronous", "bounded_async", "one_step", "staleflow", "laminar"])
 def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     """Every shipped single-task pipeline runs as compiled: one fleet per rollout stage in the plan, with the
     plan's actors, its coordinator strategies and its staleness policy."""
@@ -74,6 +76,11 @@ def test_failing_reward_is_counted_and_loses_nothing(ray_cluster, workdir, monke
     assert run.counts["reward_failed"] > 0
     assert len(run.history) == 3
     assert_accounted(run)
+    import sqlite3
+
+    failed = sqlite3.connect(run.out_dir / "ledger.sqlite").execute(
+        "select count(*) from trajectories where state='failed'").fetchone()[0]
+    assert failed == run.counts["reward_failed"]  # each failed trajectory is on record, none trained
 
 
 def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
