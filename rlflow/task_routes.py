@@ -26,27 +26,26 @@ def task_names(spec: Pipeline) -> list[str]:
     return list(spec.data.tasks) if spec.data.tasks else [MAIN_TASK]
 
 
-def data_routes(spec: Pipeline) -> dict[str, list[int]]:
-    """task -> indices of the data -> rollout edges it flows on."""
-    names = task_names(spec)
-    out: dict[str, list[int]] = {t: [] for t in names}
+def _routes(spec: Pipeline, source: str, to_kind: str, tasks: list[str]) -> dict[str, list[int]]:
+    """task -> indices of the edges from `source` to a stage of `to_kind` it flows on (an edge without
+    `tasks:` carries every task that reaches `source`)."""
+    out: dict[str, list[int]] = {t: [] for t in tasks}
     for i, e in enumerate(spec.edges):
-        if e.from_ == DATA_NODE and kind_of(spec, e.to) == "rollout":
-            for t in e.tasks or names:
+        if e.from_ == source and kind_of(spec, e.to) == to_kind:
+            for t in e.tasks or tasks:
                 if t in out and i not in out[t]:
                     out[t].append(i)
     return out
+
+
+def data_routes(spec: Pipeline) -> dict[str, list[int]]:
+    """task -> indices of the data -> rollout edges it flows on."""
+    return _routes(spec, DATA_NODE, "rollout", task_names(spec))
 
 
 def reward_routes(spec: Pipeline, rollout: str, received: list[str]) -> dict[str, list[int]]:
     """task (of those `rollout` receives) -> indices of the rollout -> reward edges it flows on."""
-    out: dict[str, list[int]] = {t: [] for t in received}
-    for i, e in enumerate(spec.edges):
-        if e.from_ == rollout and kind_of(spec, e.to) == "reward":
-            for t in e.tasks or received:
-                if t in out and i not in out[t]:
-                    out[t].append(i)
-    return out
+    return _routes(spec, rollout, "reward", received)
 
 
 def received_tasks(spec: Pipeline) -> dict[str, list[str]]:

@@ -10,25 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+import runs
+from runs import REPO
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-SMALL = ["stages.train.steps=2", "stages.buffer.batch_groups=2", "stages.rollout.group_size=4", "tracking.progress=false"]
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 128, "vocab_size": 384}
 
 
 def plan_for(name: str, *extra: str) -> dict:
-    return compile_pipeline(REPO / "pipelines" / f"{name}.yaml", SMALL + list(extra))
-
-
-def run_plan(plan: dict, **kwargs):
-    from rlflow.runtime.driver import Run
-
-    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None, **kwargs)
-    run.run()
-    return run
+    return runs.plan_for(name, "stages.train.steps=2", *extra)
 
 
 def failed_run(plan: dict, error=PipelineInvalid):

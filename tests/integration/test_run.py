@@ -12,25 +12,9 @@ import pytest
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from runs import REPO, SMALL, plan_for, run_plan
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-SMALL = ["stages.train.steps=3", "stages.buffer.batch_groups=2", "stages.rollout.group_size=4",
-         "tracking.progress=false"]
-
-
-def plan_for(name: str, *extra: str) -> dict:
-    return compile_pipeline(REPO / "pipelines" / f"{name}.yaml", SMALL + list(extra))
-
-
-def run_plan(plan: dict, **kwargs):
-    from rlflow.runtime.driver import Run
-
-    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None, **kwargs)
-    run.run()
-    return run
-
-
 def assert_accounted(run) -> None:
     c = run.buffer.counters
     assert c.conserved(), vars(c)
