@@ -218,8 +218,8 @@ class TrainStage(Strict):
     """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
     max_importance_ratio: Annotated[float, Field(gt=1)] = 5.0
     """Truncation of the importance ratio pi_old/pi_behaviour for stale data."""
-    checkpoint_every: NonNegInt = 0
-    """Save a DeepSpeed checkpoint every N steps (0: only at the end and on Ctrl-C)."""
+    checkpoint_every: NonNegInt = 10
+    """Save a DeepSpeed checkpoint every N steps, to resume from after a crash (0: only at the end and on Ctrl-C)."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs for the trainer."""
     num_gpus: NonNegFloat = 0

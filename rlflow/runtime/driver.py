@@ -231,7 +231,12 @@ class Run:
         row = self.metrics.step_row(self.step, self.weights.version, self.sink.batch_info, trained, wall,
                                     sum(f.busy_s() for f in self.fleets), sum(len(f.instances) for f in self.fleets),
                                     self.buffer.counters, self.counts, self._recall())
-        row.update({f"ledger_{k}": v for k, v in self.ledger.counts().items()})  # cumulative over resumes
+        # cumulative counts from the durable ledger, so they never go backwards across resumes (the policy's
+        # own counters start from zero in each process); in_flight and pending stay the policy's
+        ledger = self.ledger.counts()
+        row.update({f"ledger_{k}": v for k, v in ledger.items()})
+        row.update(consumed=ledger.get("trained", 0), filtered=ledger.get("filtered", 0), dropped=ledger.get("dropped", 0),
+                   aborted=ledger.get("aborted", 0), admitted=sum(v for k, v in ledger.items() if k != "drawn"))
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
             self.metrics.progress(row)

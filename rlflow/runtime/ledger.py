@@ -70,6 +70,8 @@ class Ledger:
     def trained(self, step: int, staleness: dict[str, int], tids) -> None:
         """A batch trained at `step`: each group exactly once, none above the bound."""
         for gid, s in staleness.items():
+            if s < 0:
+                raise InvariantViolation(f"ledger: group {gid} has negative staleness {s} (generated after step {step})")
             if self.eta is not None and s > self.eta:
                 raise InvariantViolation(f"ledger: group {gid} trained with staleness {s} > eta {self.eta}")
             self._q("update groups set state='trained', step=?, staleness=? where gid=? and state != 'trained'",
