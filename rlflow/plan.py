@@ -30,7 +30,7 @@ PLAN_VERSION = 2
 
 
 def staleness_control(spec: Pipeline) -> dict:
-    """The edge policy into train, as operators.registry.make_policy arguments (batch in groups)."""
+    """The edge policy into train, as operators.policy_kinds.make_policy arguments (batch in groups)."""
     batch = batch_groups(spec)
     policy = next(e.policy for e in spec.edges if e.policy.kind in CONSUME_POLICIES)
     args = {"batch_size": batch, "eta": None, "capacity": None, "batch_redundancy": 0}
