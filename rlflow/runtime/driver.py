@@ -84,8 +84,7 @@ class Run:
             replay, drawn = self.ledger.resume(state["step"])
             self.log(f"resuming at step {state['step']}: {len(replay)} group(s) drawn but not trained into the checkpoint "
                      f"are generated again first (ledger before: {before})")
-        max_new = {a["tasks"][i]: a["engine_kwargs"]["max_new_tokens"]
-                   for a in plan["actors"] if a["role"] == "rollout" for i in range(len(a["tasks"]))}
+        max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
         self.prompts = PromptSource(plan["tasks"], AutoTokenizer.from_pretrained(model_dir), max_new_tokens=max_new,
                                     max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
                                     source=plan["source"], skip=drawn)

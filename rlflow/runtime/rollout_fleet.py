@@ -40,10 +40,6 @@ class RolloutInstance:
     idle: bool = True  # the engine had nothing left at its last report
     busy_s: float = 0.0  # seconds generating or loading weights
 
-    @property
-    def load(self) -> int:
-        return len(self.running)
-
     def has_work(self) -> bool:
         return bool(self.routes or self.aborts or self.interrupts or self.pull or not self.idle)
 

@@ -81,9 +81,6 @@ class TrainerWorker:
             trajectories.append(t)
         metrics = self.trainer.train_step(trajectories, group_size)
         metrics["sync_s"] = self.publish(version + 1)
-        metrics["tasks"] = {}
-        for t in trajectories:
-            metrics["tasks"][t.task] = metrics["tasks"].get(t.task, 0) + 1
         return metrics
 
     def save(self, directory: str, client_state: dict) -> None:
