@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -213,7 +214,12 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if (out / "ledger.sqlite").exists():
-            step = sqlite3.connect(out / "ledger.sqlite").execute("select max(step) from groups").fetchone()[0]
+            # the file appears a moment before its tables do: not created yet reads as no step yet
+            with contextlib.closing(sqlite3.connect(out / "ledger.sqlite")) as db:
+                try:
+                    step = db.execute("select max(step) from groups").fetchone()[0]
+                except sqlite3.OperationalError:
+                    step = None
             if step is not None and step >= kill_after:
                 proc.kill()  # SIGKILL: no handler runs, nothing is flushed beyond what was committed
                 break
