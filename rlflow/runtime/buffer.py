@@ -3,16 +3,20 @@
 One staleness policy (operators/, chosen by the plan's `control.staleness`) serves every rollout fleet:
 a fleet asks `verify` / `reserve` when it routes a group's first member (StaleFlow Algorithm 2), tells
 `completed` when the whole group has finished generating, and the reward streams hand the scored
-group to `rewarded`, which occupies it (or filters it). `consume` takes the next batch for the trainer
-and checks the invariants of §5 on it: no group above the bound, none trained twice, conservation.
+group to `rewarded`, which occupies it (or filters it) and writes its payload to the ledger with its
+`buffered` state, so a resumed run can `restore` it. `consume` takes the next batch for the trainer and checks
+the invariants of §5 on it: no group above the bound, none trained twice, conservation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlflow.errors import RunFailed
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.policy_kinds import make_policy
+
+PAYLOAD_TIMEOUT_S = 120.0  # the trajectory store hands over a batch of buffered groups' payloads for the ledger
 
 
 class Buffer:
@@ -53,7 +57,42 @@ class Buffer:
         for tid, gid, task, r, err, kept in zip(*(batch[k] for k in columns)):
             groups.setdefault(str(gid), []).append((str(tid), float(r), str(err or ""), bool(kept)))
             tasks[str(gid)] = str(task)
-        return [(tasks[gid], self.rewarded(gid, rows)) for gid, rows in groups.items()]
+        if "v_min" in batch:  # the store's record of each member's version span
+            self.ledger.spans({str(t): (int(lo), int(hi)) for t, lo, hi in zip(batch["traj_id"], batch["v_min"], batch["v_max"])})
+        out, fresh = [], []
+        for gid, rows in groups.items():
+            if gid not in self.group_version and gid not in self.evicted:
+                # a reward batch delivered twice (Ray Data retried it after its worker died): scored once already
+                self.counts["duplicate_rewards"] = self.counts.get("duplicate_rewards", 0) + 1
+                self.log(f"group {gid}: its reward arrived again; the first one counts")
+                continue
+            out.append((tasks[gid], self.rewarded(gid, rows)))
+            fresh.append(gid)
+        self._persist([gid for gid in fresh if gid in self.kept])
+        return out
+
+    def _persist(self, gids: list[str]) -> None:
+        """The payloads of groups that just entered the buffer, into the ledger with their `buffered` state (the
+        driver commits both at once): a resumed run puts them back instead of generating them again."""
+        if not gids:
+            return
+        import ray
+
+        tids = [t for gid in gids for t in self.kept[gid]]
+        try:
+            rows = ray.get(self.store.peek.remote(tids), timeout=PAYLOAD_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RunFailed(f"the trajectory store did not hand over {len(tids)} buffered payloads in "
+                            f"{PAYLOAD_TIMEOUT_S:.0f} s; rlflow run --resume continues from the last checkpoint") from None
+        except ray.exceptions.RayActorError as err:
+            raise RunFailed(f"the trajectory store died ({type(err).__name__}); rlflow run --resume continues from "
+                            "the last checkpoint (the ledger generates again what it lost)") from None
+        by_gid: dict[str, list[dict]] = {}
+        for row in rows:
+            by_gid.setdefault(row["group_id"], []).append(row)
+        for gid in gids:
+            if len(by_gid.get(gid, ())) == len(self.kept[gid]):  # else (never seen) a resume generates it again
+                self.ledger.buffered(gid, by_gid[gid], self.kept[gid])
 
     def rewarded(self, gid: str, rows: list[tuple[str, float, str, bool]]) -> list[float]:
         """A scored group: rows of (traj_id, reward, error, kept). Returns the rewards scored (for metrics)."""
@@ -77,9 +116,25 @@ class Buffer:
         else:
             self.store.discard.remote([tid for tid, _ in failed])
             self.kept[gid] = good
-            self.ledger.state(gid, "buffered")
+            self.ledger.state(gid, "buffered")  # its payload follows in _persist, in the same commit
             self._evict(self.policy.occupy(gid, self.group_version.pop(gid)))
         return [r for _, r, err, _ in rows if not err]
+
+    def restore(self, gid: str, version: int, rewards: dict[str, float]) -> str:
+        """A group buffered before a resume (its payloads already back in the store), into the policy with its
+        original V_traj, so its staleness counts from the restored trainer version as before. Returns 'restored';
+        'dropped' when it is now above the bound (recorded, never trained); 'regenerate' when the policy has no
+        room for it (the caller generates it again)."""
+        if self.eta is not None and self.policy.version - version > self.eta:
+            self.ledger.state(gid, "dropped")
+            self.counts["dropped_groups"] += 1
+            return "dropped"
+        if not self.policy.verify(version):
+            return "regenerate"
+        self.policy.reserve(gid, version)
+        self.kept[gid] = dict(rewards)
+        self._evict(self.policy.occupy(gid, version))
+        return "restored"
 
     def _evict(self, entries) -> None:
         """Clean up after groups the policy evicted (it already counted them dropped or aborted): still

@@ -1,9 +1,11 @@
 """The trajectory store: payloads between rollout and train, and the source queues of the reward streams.
 
-Token ids and log-probs never pass through the driver (StaleFlow §5.1's trajectory server): rollout workers
+Token ids and log-probs pass through the driver only once, into the ledger, when a group is buffered (so a
+resumed run can restore it); otherwise they stay here (StaleFlow §5.1's trajectory server): rollout workers
 `put` finished trajectories, the rollout fleet `enqueue_group`s a complete group on its task's reward stage,
-that stage's reward stream pulls whole groups with `next_groups` and reports them `delivered` once the driver
-has them, and the trainer `take`s what it trains. Pulled-but-not-delivered groups are capped per stage
+that stage's reward stream pulls whole groups with `next_groups` (light fields, and each member's version span)
+and reports them `delivered` once the driver has them, the buffer `peek`s at what it buffers (for the ledger),
+and the trainer `take`s what it trains. Pulled-but-not-delivered groups are capped per stage
 (`max_in_flight`): that cap is the reward stream's back-pressure; the rest wait here.
 """
 
@@ -16,6 +18,7 @@ from collections import Counter, deque
 
 import ray
 
+from rlflow.runtime.ledger import span
 from rlflow.stages.trajectory import member_id
 
 
@@ -85,9 +88,11 @@ class TrajectoryStore:
     def _group_row(self, traj_ids: list[str]) -> dict:
         members = [self._payload[t] for t in traj_ids]
         first = members[0]
+        spans = [span(m) for m in members]
         return {"group_id": first["group_id"], "task": first.get("task", "main"), "prompt": first["prompt"],
                 "answer": str(first["answer"]), "row": json.dumps(first.get("row") or {}, default=str),
-                "traj_id": list(traj_ids), "completion": [m["completion"] for m in members]}
+                "traj_id": list(traj_ids), "completion": [m["completion"] for m in members],
+                "v_min": [lo for lo, _ in spans], "v_max": [hi for _, hi in spans]}
 
     def delivered(self, stage: str, n_groups: int) -> None:
         """`stage`'s stream handed n_groups scored groups to the driver: that much credit returns."""
@@ -118,6 +123,10 @@ class TrajectoryStore:
         self._closed = True
         for event in self._events.values():
             event.set()
+
+    def peek(self, traj_ids: list[str]) -> list[dict]:
+        """Copies of the payloads of `traj_ids` that are here (the buffer writes them to the ledger)."""
+        return [self._payload[t] for t in traj_ids if t in self._payload]
 
     def take(self, traj_ids: list[str]) -> list[dict]:
         """Hand payloads to the trainer and forget them."""

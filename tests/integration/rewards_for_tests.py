@@ -23,3 +23,21 @@ def sleepy(completion: str, answer: str, row: dict) -> float:
             f.write(f"{threading.current_thread() is threading.main_thread()}\n")
     time.sleep(row.get("sleep", 0.0))
     return 1.0
+
+
+_calls = 0
+
+
+def dies_once(completion: str, answer: str, row: dict) -> float:
+    """exact_match, but the worker process kills itself (SIGKILL) on its 12th call, once per marker file
+    row["die_once"]: a reward worker lost mid-batch, which Ray restarts and retries."""
+    import os
+    import signal
+
+    global _calls
+    _calls += 1
+    if _calls >= 12 and row.get("die_once") and not os.path.exists(row["die_once"]):
+        with open(row["die_once"], "w") as f:
+            f.write(row["prompt"])  # the prompt it was scoring when it died
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0 if completion.strip() == answer.strip() else 0.0

@@ -208,7 +208,8 @@ def test_reward_stream_scores_filters_and_contains_failures(ray_cluster):
         put_group(store, "uniform", ["2", "2"], task="repeat")
         put_group(store, "failing", ["boom", "2", "3"])
         got = collect(out, 7)
-    assert set(got["mixed/0"]) == {"group_id", "traj_id", "task", "reward", "reward_error", "kept"}
+    assert set(got["mixed/0"]) == {"group_id", "traj_id", "task", "reward", "reward_error", "kept", "v_min", "v_max"}
+    assert (got["mixed/0"]["v_min"], got["mixed/0"]["v_max"]) == (0, 0)  # each member's version span, for the ledger
     assert (got["mixed/0"]["reward"], got["mixed/1"]["reward"]) == (1.5, 0.5)  # the row reached the reward
     assert got["mixed/0"]["kept"] and not got["uniform/0"]["kept"] and got["uniform/1"]["task"] == "repeat"
     assert got["failing/0"]["reward_error"] == "test_streams:row_reward raised ValueError: cannot score boom"

@@ -1,0 +1,103 @@
+"""The buffer and the ledger together (rlflow/runtime/buffer.py): payloads written when a group is buffered,
+groups restored into the staleness policy on resume, a reward delivered twice counted once."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlflow.runtime.buffer import Buffer
+from rlflow.runtime.ledger import Ledger
+
+
+class Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeStore:
+    """The trajectory store's calls the buffer makes, in-process (ray.get is patched to pass values through)."""
+
+    def __init__(self, payloads: dict[str, dict]):
+        self.payloads = payloads
+        self.peek = Remote(lambda tids: [self.payloads[t] for t in tids if t in self.payloads])
+        self.discard = Remote(lambda tids: [self.payloads.pop(t, None) for t in tids])
+
+
+def member(gid: str, i: int, version: int) -> dict:
+    return {"group_id": gid, "index": i, "version": version, "versions_seen": [version], "completion_ids": [1]}
+
+
+def batch(gid: str, rewards: list[float], version: int) -> dict:
+    n = len(rewards)
+    return {"traj_id": [f"{gid}/{i}" for i in range(n)], "group_id": [gid] * n, "task": ["t"] * n, "reward": rewards,
+            "reward_error": [""] * n, "kept": [True] * n, "v_min": [version] * n, "v_max": [version] * n}
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    ledger = Ledger(tmp_path, eta=1, fresh=True)
+    store = FakeStore({})
+    counts: dict = {}
+    buffer = Buffer({"kind": "in_flight_limit", "batch_size": 2, "eta": 1}, store, ledger, counts,
+                    abort_group=lambda gid: None, log=lambda *a: None)
+    return ledger, store, buffer, counts
+
+
+def generate(ledger, store, buffer, gid: str, version: int) -> None:
+    ledger.drawn(gid, {"task": "t", "n": int(gid.split("-")[1]), "prompt": "p"})
+    buffer.reserve(gid, version)
+    for i in range(2):
+        store.payloads[f"{gid}/{i}"] = member(gid, i, version)
+        ledger.finished(f"{gid}/{i}", gid, version, 1)
+    buffer.completed(gid, version)
+
+
+def test_a_buffered_group_is_on_record_with_its_payload_and_a_second_reward_is_ignored(setup):
+    ledger, store, buffer, counts = setup
+    generate(ledger, store, buffer, "t-0", 0)
+    buffer.rewarded_batch(batch("t-0", [1.0, 0.0], 0))
+    buffer.rewarded_batch(batch("t-0", [1.0, 0.0], 0))  # Ray Data retried the bundle after its worker died
+    ledger.flush()
+    assert counts["duplicate_rewards"] == 1 and buffer.counters.pending == 1
+    (rewards,) = ledger.db.execute("select rewards from payloads where gid='t-0'").fetchone()
+    assert rewards == '{"t-0/0": 1.0, "t-0/1": 0.0}'
+    assert ledger.counts() == {"buffered": 1}
+
+
+def test_restore_puts_a_group_back_with_its_version_or_drops_it_above_the_bound(setup):
+    ledger, _, buffer, counts = setup
+    buffer.policy.version = 3  # resumed at step 3
+    for n in range(3):
+        ledger.drawn(f"t-{n}", {"task": "t", "n": n, "prompt": "p"})
+    assert buffer.restore("t-0", 2, {"t-0/0": 1.0}) == "restored"
+    assert buffer.restore("t-1", 3, {"t-1/0": 0.0}) == "restored"
+    assert buffer.restore("t-2", 1, {"t-2/0": 0.0}) == "dropped"  # 3 - 1 > eta 1: recorded, never trained
+    ledger.flush()
+    assert dict(ledger.db.execute("select gid, state from groups").fetchall())["t-2"] == "dropped"
+    assert counts["dropped_groups"] == 1
+    batch_, rewards, _ = buffer.consume()
+    assert {e.gid: batch_.version - e.version for e in batch_.entries} == {"t-0": 1, "t-1": 0}  # as before the crash
+    assert rewards == {"t-0/0": 1.0, "t-1/0": 0.0}
+    assert buffer.counters.conserved()
+
+
+def test_restore_leaves_to_generation_what_the_policy_has_no_room_for(setup):
+    _, _, buffer, _ = setup
+    buffer.policy.version = 1
+    fates = [buffer.restore(f"t-{n}", 1, {f"t-{n}/0": 1.0}) for n in range(5)]
+    assert fates == ["restored"] * 4 + ["regenerate"]  # in_flight_limit: (eta + 1) * B = 4 groups
+
+
+def test_the_reward_stream_carries_each_members_version_span_to_the_driver():
+    import pyarrow as pa
+
+    from rlflow.runtime.reward_stream import FilterGroups, Score, per_trajectory
+
+    g = {"group_id": "g", "task": "t", "prompt": "1+1=", "answer": "2", "row": "{}", "traj_id": ["g/0", "g/1"],
+         "completion": ["2", "3"], "v_min": [0, 1], "v_max": [2, 1]}
+    scored = Score("exact_match")(pa.Table.from_pydict({"groups": [[g]]}))
+    batch = per_trajectory(FilterGroups(None)(scored))
+    assert (batch["v_min"], batch["v_max"], batch["reward"]) == ([0, 1], [2, 1], [1.0, 0.0])
