@@ -96,8 +96,12 @@ class RolloutEngine(abc.ABC):
         """Drop a trajectory and free its slot; False if it was not here."""
 
     @abc.abstractmethod
-    def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Pull new weights (name -> numpy array) in place; later tokens come from `version`."""
+    def load_weights(self, state: dict[str, Any], version: int) -> dict:
+        """Pull new weights (name -> numpy array, often read-only zero-copy views) in place; later tokens come
+        from `version`. Returns what was loaded, {"version": int, "checksum": str}: the checksum
+        (stages/checksum.py) over the same names as `state`, computed from the engine's own copy read back after
+        the load wherever the engine can, so the driver catches a tensor skipped or corrupted on the way. An
+        engine that can only check names adds "missing": parameters it knows were not loaded."""
 
     @abc.abstractmethod
     def snapshot(self) -> dict:

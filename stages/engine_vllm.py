@@ -36,8 +36,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rlflow.stages.checksum import checksum
 from rlflow.stages.engine import EngineDied, RolloutEngine
 from rlflow.stages.trajectory import Trajectory
+
+_TIED_SOURCE = "model.embed_tokens.weight"  # what a tied lm_head (absent from the checkpoint) is in Llama-style models
 
 # Environment vLLM reads at import time; set before the first import in this process.
 _ENV_DEFAULTS = {
@@ -51,14 +54,28 @@ _ENV_DEFAULTS = {
 class VLLMWorkerExtension:
     """Methods vLLM mixes into its GPU/CPU worker (`worker_extension_cls`), called with collective_rpc."""
 
-    def rlflow_reload(self, weights_path: str) -> bool:
-        """Reload weights in place from `weights_path`; re-pack a tied lm_head on CPU. Returns tied."""
+    def rlflow_reload(self, weights_path: str) -> dict:
+        """Reload weights in place from `weights_path`; re-pack a tied lm_head on CPU.
+        Returns {"tied": bool, "missing": the model's parameters the reload did not report loading}."""
         import logging
 
         # Rotary and other buffers are not in a checkpoint; the reloader warns about them on every pull.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        self.model_runner.reload_weights(weights_path=weights_path)
         model = self.model_runner.get_model()
+        expected = {name for name, _ in model.named_parameters()}
+        reported: set[str] = set()
+        model_load = model.load_weights
+
+        def recording_load(weights):  # reload_weights drops the names the model reports loading: keep them
+            names = model_load(weights)
+            reported.update(names or ())
+            return names
+
+        model.load_weights = recording_load
+        try:
+            self.model_runner.reload_weights(weights_path=weights_path)
+        finally:
+            del model.load_weights
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         from vllm.platforms import current_platform
 
@@ -68,7 +85,7 @@ class VLLMWorkerExtension:
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
             dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
-        return tied
+        return {"tied": tied, "missing": sorted(expected - reported)}
 
 
 @dataclass
@@ -321,11 +338,10 @@ class VLLMEngine(RolloutEngine):
 
     # -- weights -------------------------------------------------------------------------------
 
-    def load_weights(self, state: dict[str, Any], version: int) -> None:
+    def load_weights(self, state: dict[str, Any], version: int) -> dict:
         """In-flight update: running requests keep their tokens and continue under the new weights."""
-        from safetensors.numpy import save_file
-
         import numpy as np
+        from safetensors.numpy import save_file
 
         unknown = sorted(set(state) - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
         if unknown:
@@ -337,13 +353,22 @@ class VLLMEngine(RolloutEngine):
             if name in self._shapes and tuple(array.shape) != self._shapes[name]:
                 raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
         t0 = time.perf_counter()
+        # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
+        handed = {k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes}
         # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
         # any clean-up, and weights left in /dev/shm would hold RAM until the machine reboots.
         with tempfile.TemporaryDirectory(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir()) as d:
-            # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
-            save_file({k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes},
-                      os.path.join(d, "model.safetensors"))
-            self._call(self._reload(d))
+            save_file(handed, os.path.join(d, "model.safetensors"))
+            report = self._call(self._reload(d))
+        # The checksum is of what was handed to reload_weights, not read back: vLLM fuses (qkv_proj, gate_up_proj)
+        # and on CPU repacks weights into oneDNN handles, so its parameters no longer hold the checkpoint's bytes.
+        # What is verified is the transfer up to vLLM plus "the reload loaded every parameter" ("missing"). A tied
+        # lm_head stands in as the embedding vLLM actually uses, so a sent lm_head that differs fails the check.
+        for name in set(state) - set(handed):
+            handed[name] = handed.get(_TIED_SOURCE, state[name])
+        loaded = {"version": version, "checksum": checksum(handed)}
+        if report["missing"]:  # the driver fails the run on it (weight_sync.verify_loaded)
+            loaded["missing"] = report["missing"]
         self._version = version
         for req in self._requests.values():
             # V_traj stays the version stamped at start(), even for a request with no token received yet:
@@ -352,14 +377,17 @@ class VLLMEngine(RolloutEngine):
             if req.traj.versions_seen[-1] != version:
                 req.traj.versions_seen.append(version)
         self.last_load_s = time.perf_counter() - t0
+        return loaded
 
-    async def _reload(self, weights_dir: str) -> None:
+    async def _reload(self, weights_dir: str) -> dict:
+        """rlflow_reload in every worker; returns one report with the union of their missing names."""
         await self.llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": weights_dir})
+            reports = await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": weights_dir})
             await self.llm.reset_prefix_cache(reset_running_requests=True)  # running KV came from the old weights
         finally:
             await self.llm.resume_generation()
+        return {"missing": sorted({m for r in reports for m in r["missing"]})}
 
     # -- views ---------------------------------------------------------------------------------
 
