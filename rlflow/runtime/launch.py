@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.placement import check_cluster, embedded_resources
 
 RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
@@ -124,6 +125,29 @@ def find_run(plan: dict, which: str, root: Path = RUNS_DIR, log=print) -> Path:
     return run_dir
 
 
+# ---------------------------------------------------------------------------------------------- user code
+def user_modules(python_path: list[str]) -> list[str]:
+    """What `PYTHONPATH=<python_path>` makes importable, as Ray `py_modules` entries for a cluster: each directory's
+    top-level modules (.py files and packages), except names importable without it (installed packages)."""
+    from rlflow.user_code import _found_without
+
+    dirs = [Path(d).resolve() for d in python_path]
+    out = []
+    for d in dirs:
+        for entry in sorted(d.iterdir()) if d.is_dir() else []:
+            if entry.name.startswith((".", "__")) or not entry.name.isascii():
+                continue
+            if entry.is_file() and entry.suffix == ".py":
+                name = entry.stem
+            elif entry.is_dir() and (entry / "__init__.py").is_file():
+                name = entry.name
+            else:
+                continue
+            if name.isidentifier() and not _found_without(name, dirs):
+                out.append(str(entry))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- before Ray starts
 def preflight(plan: dict) -> None:
     """Inputs the plan names that may have changed since compile, checked before Ray starts: the model
@@ -162,23 +186,36 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
 
     from rlflow.runtime.driver import Run
 
-    out_dir = run_dir or new_run_dir(plan, root)
-    log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
     cluster = plan["resources"]["cluster"]
     address = address or cluster["address"]
     started = not ray.is_initialized()
     if started:
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **quiet}}
-        # user modules the compiler found beside the pipeline or in the working dir, for every worker
-        path = os.pathsep.join(plan.get("python_path", []) + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        # user modules the compiler found beside the pipeline or in the working dir, for every worker: on a
+        # cluster uploaded through the runtime env (other nodes lack these paths), on this machine by path
+        dirs = plan.get("python_path", []) if not address else []
+        path = os.pathsep.join(dirs + [p for p in [os.environ.get("PYTHONPATH")] if p])
         if path:
             env["env_vars"]["PYTHONPATH"] = path
         if address:
+            modules = user_modules(plan.get("python_path", []))
+            if modules:
+                env["py_modules"] = modules
+                log(f"user code shipped to the cluster: {', '.join(Path(m).name for m in modules)}")
             ray.init(address=address, runtime_env=env, log_to_driver=True)
         else:
             ray.init(num_cpus=cluster["num_cpus"] or _logical_cpus(plan), num_gpus=cluster["num_gpus"],
-                     include_dashboard=False, runtime_env=env, log_to_driver=True)
-    run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log)
+                     resources=embedded_resources(plan) or None, include_dashboard=False, runtime_env=env,
+                     log_to_driver=True)
+    try:  # a cluster that cannot place the plan's stages fails here, before a run directory exists
+        check_cluster(plan, ray.nodes(), f"the Ray cluster at {address}" if address else "the embedded Ray cluster")
+        out_dir = run_dir or new_run_dir(plan, root)
+        log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
+        run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log)
+    except BaseException:
+        if started:
+            ray.shutdown()
+        raise
     try:
         run.run()
         summary = run.summary() | {"stopped": run.stop_requested, "run_dir": str(out_dir),

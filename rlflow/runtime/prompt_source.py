@@ -2,6 +2,7 @@
 
 Each task is a Ray Data dataset (a built-in task's rows, or a .jsonl/.json/.parquet file) iterated with
 iter_batches: nothing is pulled whole into the driver, which holds at most a shuffle window and a few batches.
+Files are read on the driver's node (`on_this_node`), so on a cluster they need to exist only there.
 Order is deterministic for a seed (resume re-creates the streams and skips rows); when a task's rows run out
 a new epoch re-reads them (or reshuffles them in memory when small), reshuffled with seed + epoch.
 """
@@ -66,6 +67,13 @@ def _stream_context():
          ctx.print_on_execution_start) = saved
 
 
+def on_this_node() -> dict[str, str]:
+    """The label selector that runs a read on the driver's node, where the data file is: a cluster's other nodes
+    need no copy of it, nor a shared filesystem; only the rows travel, through the object store. (Ray Data's
+    `local://` paths do the same but are deprecated in 2.60; `ray.io/node-id` is a default label of every node.)"""
+    return {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+
+
 def _missing(value) -> bool:
     """No value: absent, null, or a float NaN (how Parquet/pandas often write a null)."""
     return value is None or (isinstance(value, float) and value != value)
@@ -100,9 +108,9 @@ class _TaskRows:
                 rows = registry.resolve("task", src)(seed=self.seed, count=limit or BUILTIN_TASK_ROWS)
                 ds = ray.data.from_items(rows)
             elif Path(src).suffix == ".parquet":
-                ds = ray.data.read_parquet(src)
+                ds = ray.data.read_parquet(src, label_selector=on_this_node())
             else:
-                ds = ray.data.read_json(src)
+                ds = ray.data.read_json(src, label_selector=on_this_node())
             return ds.limit(limit) if limit else ds
 
     def _open(self):
