@@ -8,6 +8,7 @@ from pathlib import Path
 from rlflow import graph, loader
 from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
+from rlflow.placement import check_stage_resources
 from rlflow.plan import lower
 from rlflow.schema import Pipeline
 from rlflow.user_code import python_path, search_dirs
@@ -27,6 +28,7 @@ def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipelin
     spec, problems, repairs = validate_partial(doc)
     if spec is not None:
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
+        problems += check_stage_resources(spec)
     if problems:
         located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
         raise PipelineInvalid(doc.source, located)
@@ -108,7 +110,9 @@ def summary(plan: dict) -> str:
             settings, res = f"batch_groups={s['batch_groups']}", "-"
         else:
             settings = f"{s['algo']} on {s['backend']} ({Path(s['deepspeed']).name}) steps={s['steps']} lr={s['lr']:g}"
-            res = f"cpu {s['num_cpus']:g}, gpu {s['num_gpus']:g}"
+            res = f"{s.get('replicas', 1)} rank(s) x (cpu {s['num_cpus']:g}, gpu {s['num_gpus']:g})"
+        if s.get("resources"):  # custom resources: the nodes it may run on
+            res += " on " + ", ".join(f"{k} {v:g}" for k, v in s["resources"].items())
         rows.append([name, s["kind"], settings, res])
     lines += ["", *_table(rows)]
     rows = [["edge", "policy"]]

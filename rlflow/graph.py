@@ -19,6 +19,7 @@ from rlflow.component_checks import (
     resolve_path,  # noqa: F401 - re-exported for rlflow/plan.py
 )
 from rlflow.errors import Problem, did_you_mean
+from rlflow.resource_checks import check_resources
 from rlflow.schema import CONSUME_POLICIES, DATA_NODE, Pipeline
 from rlflow.task_routes import BACK_EDGE, check_tasks, kind_of
 from rlflow.user_code import importable_from
@@ -77,6 +78,7 @@ def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
         check_tasks(spec, problems, dangling, edge_rules=EDGE_SHAPE_RULES, structural_rules=STRUCTURAL_RULES)
         check_components(spec, base_dir, problems)
         check_profiles(spec, base_dir, problems)
+        check_resources(spec, batch_groups(spec), problems)
     return problems
 
 

@@ -96,17 +96,19 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         for r in range(s.replicas):
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
-                           "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy})
+                           "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
+                           "resources": dict(s.resources)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
         trainer_kwargs = {"lr": s.lr, "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
                           "max_importance_ratio": s.max_importance_ratio,
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
-                          "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed}
-        actors.append({"name": name, "role": "trainer", "stage": name, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
+                          "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
+        actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
-                       "steps": s.steps, "checkpoint_every": s.checkpoint_every})
+                       "steps": s.steps, "checkpoint_every": s.checkpoint_every, "resources": dict(s.resources),
+                       "stall_factor": s.stall_factor})
     # control-plane servers: light, so they take a sliver of a CPU
     actors.append({"name": "trajectory-server", "role": "trajectory_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
@@ -121,7 +123,7 @@ def _operators(spec: Pipeline, tasks: dict[str, dict], order: list[str]) -> list
     for name in rewards:
         s = spec.stages[name]
         ops.append({"name": name, "kind": "reward", "stage": name, "fn": s.fn, "tasks": _tasks_of(tasks, "reward", name),
-                    "concurrency": s.concurrency, "num_cpus": s.num_cpus})
+                    "concurrency": s.concurrency, "num_cpus": s.num_cpus, "resources": dict(s.resources)})
     for name in rewards:
         for e in spec.edges:
             if e.from_ == name and e.policy.kind == "streaming" and e.policy.filter:
@@ -187,8 +189,9 @@ def lower(spec: Pipeline, *, source: str, text: str, overrides: list[str], base_
         "control": {"staleness": control, "coordination": _coordination(spec, tasks, base_dir)},
         "prediction": predict(spec, control),
         "resources": {
-            "num_cpus": round(sum(a["num_cpus"] for a in actors) + sum(o.get("num_cpus", 0) * o.get("concurrency", 1) for o in operators), 3),
-            "num_gpus": sum(a["num_gpus"] for a in actors),
+            "num_cpus": round(sum(a["num_cpus"] * a.get("replicas", 1) for a in actors)
+                              + sum(o.get("num_cpus", 0) * o.get("concurrency", 1) for o in operators), 3),
+            "num_gpus": sum(a["num_gpus"] * a.get("replicas", 1) for a in actors),
             "cluster": spec.resources.model_dump(mode="json"),
         },
     }

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+#: Ray custom resources a stage's actors each need, by name (`{worker_node: 1}`); Ray's own CPU/GPU are num_cpus/num_gpus
+CustomResources = dict[str, Annotated[float, Field(gt=0)]]
 
 DATA_NODE = "data"  # the data source's node name in edges; no stage may use it
 
@@ -31,7 +33,7 @@ class ModelSpec(Strict):
     path: str = "builtin:tiny-llama"
     """`builtin:tiny-llama` (built locally, no download) or a local Hugging Face model directory."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype. float32 is the fast one on CPUs without AVX-512-BF16."""
+    """Weights dtype of the rollout engines and the trainer (bfloat16 / float16 turn on DeepSpeed's bf16 / fp16 mode, fp32 master weights). float32 is the fast one on CPUs without AVX-512-BF16."""
     max_model_len: PositiveInt = 512
     """Longest prompt + completion, in tokens; longer prompts are rejected with a clear error."""
 
@@ -170,6 +172,9 @@ class RolloutStage(Strict):
     """CPUs per instance."""
     num_gpus: NonNegFloat = 0
     """GPUs per instance."""
+    resources: CustomResources = Field(default_factory=dict)
+    """Ray custom resources each instance needs, e.g. `{worker_node: 1}`: it runs only on nodes started with
+    `ray start --resources '{"worker_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
     coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
     """How trajectories are routed and migrated between instances."""
 
@@ -184,6 +189,9 @@ class RewardStage(Strict):
     """Parallel reward workers."""
     num_cpus: Annotated[float, Field(gt=0)] = 0.25
     """CPUs per reward worker (fractional: reward is light)."""
+    resources: CustomResources = Field(default_factory=dict)
+    """Ray custom resources each reward worker needs, e.g. `{worker_node: 1}`: it runs only on nodes started with
+    `ray start --resources '{"worker_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
 
 
 class BufferStage(Strict):
@@ -220,10 +228,17 @@ class TrainStage(Strict):
     """Truncation of the importance ratio pi_old/pi_behaviour for stale data."""
     checkpoint_every: NonNegInt = 10
     """Save a DeepSpeed checkpoint every N steps, to resume from after a crash (0: only at the end and on Ctrl-C)."""
+    stall_factor: Annotated[float, Field(ge=2, le=1000)] = 20
+    """Stop the run (with a checkpoint) when nothing happens for this many times its mean step time (at least 120 s)."""
+    replicas: PositiveInt = 1
+    """Data-parallel trainer ranks: one DeepSpeed process group (gloo on CPU, NCCL on GPU), the batch split by tokens, ZeRO shards across them."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
-    """CPUs for the trainer."""
+    """CPUs per trainer rank."""
     num_gpus: NonNegFloat = 0
-    """GPUs for the trainer."""
+    """GPUs per trainer rank (1 each for NCCL with several ranks)."""
+    resources: CustomResources = Field(default_factory=dict)
+    """Ray custom resources each trainer rank needs, e.g. `{head_node: 1}`: it runs only on nodes started with
+    `ray start --resources '{"head_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
 
 
 Stage = Annotated[Union[RolloutStage, RewardStage, BufferStage, TrainStage], Field(discriminator="kind")]

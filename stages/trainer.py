@@ -1,7 +1,9 @@
 """DeepSpeedTrainer: grouped trajectories in, one GRPO optimizer step out, weights out as numpy.
 
 The loss math lives in stages/grpo.py; this module is plumbing: batching, the DeepSpeed engine,
-weights and checkpoints. Written for one process (world size 1): no data sharding across ranks.
+weights and checkpoints. With N data-parallel ranks (one process each, joined in one process group by
+rlflow/runtime/train_sink.py), each rank trains a shard of the batch cut by stages/batch_shards.py;
+`train_step` is the one-rank case of `train_shard`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
-
 from rlflow.stages import grpo
+from rlflow.stages.batch_shards import BatchShard, shard_batch
 from rlflow.stages.trajectory import Trajectory
 
 _CLIENT_KEY = "rlflow"  # our entry in DeepSpeed's client_state: {"version": int, "client": user dict}
@@ -38,38 +41,41 @@ class _MicroBatch:
     ref_logprobs: torch.Tensor | None = None
 
 
-def _free_port() -> int:
+#: how long a collective (or joining the process group) may wait for the other ranks before it fails
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def _init_distributed() -> None:
-    """Join (or create) the process group DeepSpeed needs; a single process gets a gloo group on a free port."""
+    """Join (or create) the process group DeepSpeed needs: the ranks' launcher (train_sink.py) sets RANK,
+    WORLD_SIZE and MASTER_ADDR/PORT; a process on its own gets a world of one on a free port."""
     import deepspeed
     import deepspeed.comm as ds_comm
 
     if torch.distributed.is_initialized() and ds_comm.is_initialized():
         return
-    if torch.distributed.is_initialized():  # the caller made the group; DeepSpeed wraps it
-        world_size = torch.distributed.get_world_size()
-    else:
+    if not torch.distributed.is_initialized():  # else the caller made the group; DeepSpeed wraps it
         if "WORLD_SIZE" not in os.environ:  # not under a launcher: a world of one
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(_free_port())
-        world_size = int(os.environ["WORLD_SIZE"])
-    if world_size == 1:
+            os.environ["MASTER_PORT"] = str(free_port())
+    if not torch.cuda.is_available():
         # DeepSpeed's CPU backend builds its shared-memory all-reduce op (a ~2 min C++ compile on first use)
-        # for every process group; a world of one never uses it, so mark it unavailable to skip the build.
+        # for every process group, but only its inference_all_reduce uses it; training all-reduces go through
+        # torch.distributed (gloo). Mark it unavailable to skip the build, for any world size.
         from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
         deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
+    deepspeed.init_distributed(dist_backend=backend, timeout=COLLECTIVE_TIMEOUT)
 
 
-def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: int | None) -> dict:
+def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: int | None, dtype: str = "float32") -> dict:
     if isinstance(deepspeed_config, (str, os.PathLike)):
         with open(deepspeed_config) as f:
             cfg = json.load(f)
@@ -83,6 +89,9 @@ def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: in
     if micro_batch_size is not None:
         cfg["train_micro_batch_size_per_gpu"] = micro_batch_size
     cfg.setdefault("train_micro_batch_size_per_gpu", 8)
+    # model.dtype decides the precision (one declaration for rollout and train): bf16/fp16 mode or neither
+    cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": dtype == "bfloat16"}
+    cfg["fp16"] = {**cfg.get("fp16", {}), "enabled": dtype == "float16"}
     # A batch is any number of micro-batches; train_step marks the accumulation boundary itself.
     cfg["gradient_accumulation_steps"] = 1
     cfg.pop("train_batch_size", None)
@@ -107,6 +116,7 @@ class DeepSpeedTrainer:
         micro_batch_size: int | None = None,
         seed: int = 0,
         pad_token_id: int | None = None,
+        dtype: str = "float32",
     ):
         import deepspeed
         from transformers import AutoModelForCausalLM
@@ -134,7 +144,7 @@ class DeepSpeedTrainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
         _init_distributed()
-        cfg = _engine_config(deepspeed_config, lr, micro_batch_size)
+        cfg = _engine_config(deepspeed_config, lr, micro_batch_size, dtype)
         self.micro_batch_size = int(cfg["train_micro_batch_size_per_gpu"])
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         # Dropout off for good: the ratio and importance weights compare log-probs of the same weights.
@@ -144,16 +154,21 @@ class DeepSpeedTrainer:
 
     # ------------------------------------------------------------------ batching
 
-    def _micro_batches(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[_MicroBatch]:
-        """Length-sorted micro-batches (less padding); order does not matter as the loss is normalised batch-wide."""
+    def _micro_batches(self, shard: BatchShard) -> list[_MicroBatch]:
+        """Exactly shard.micro_batches length-sorted micro-batches (less padding); order does not matter as the
+        loss is normalised batch-wide. With fewer rows than micro-batches, the rest are masked padding rows."""
+        trajectories = list(shard.trajectories)
+        advantages = torch.tensor(shard.advantages, dtype=torch.float32)
         lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in trajectories]
         order = sorted(range(len(trajectories)), key=lengths.__getitem__)
+        real = min(shard.micro_batches, len(order))
+        chunks = [order[k * len(order) // real : (k + 1) * len(order) // real] for k in range(real)]
         device = self.engine.device
         batches = []
-        for start in range(0, len(order), self.micro_batch_size):
-            idx = order[start : start + self.micro_batch_size]
-            rows = [trajectories[i] for i in idx]
-            length = max(lengths[i] for i in idx)
+        for idx in chunks + [None] * (shard.micro_batches - real):
+            padding = idx is None  # a masked row: the rank still runs the pass its peers run (collectives)
+            rows = [shard.pad] if padding else [trajectories[i] for i in idx]
+            length = len(rows[0].prompt_ids) + len(rows[0].completion_ids) if padding else max(lengths[i] for i in idx)
             ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
             attn = torch.zeros((len(rows), length), dtype=torch.long)
             mask = torch.zeros((len(rows), length - 1))
@@ -163,7 +178,7 @@ class DeepSpeedTrainer:
                 ids[r, : p + c] = torch.tensor(list(t.prompt_ids) + list(t.completion_ids), dtype=torch.long)
                 attn[r, : p + c] = 1
                 # completion token j sits at position p + j and is predicted by the logits at p + j - 1
-                mask[r, p - 1 : p + c - 1] = 1.0
+                mask[r, p - 1 : p + c - 1] = 0.0 if padding else 1.0
                 behaviour[r, p - 1 : p + c - 1] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
             batches.append(
                 _MicroBatch(
@@ -172,7 +187,7 @@ class DeepSpeedTrainer:
                     targets=ids[:, 1:].to(device),
                     mask=mask.to(device),
                     behaviour_logprobs=behaviour.to(device),
-                    advantages=advantages[idx].to(device),
+                    advantages=(torch.zeros(1) if padding else advantages[idx]).to(device),
                 )
             )
         return batches
@@ -184,13 +199,17 @@ class DeepSpeedTrainer:
     # ------------------------------------------------------------------ training
 
     def train_step(self, trajectories: list[Trajectory], group_size: int) -> dict[str, float]:
-        """One optimizer step on whole groups of `group_size` trajectories; returns metrics."""
+        """One optimizer step on whole groups of `group_size` trajectories (this process is the only rank)."""
+        check_batch(trajectories, group_size)
+        (shard,) = shard_batch(trajectories, 1, self.micro_batch_size)
+        return self.train_shard(shard)
+
+    def train_shard(self, shard: BatchShard) -> dict[str, float]:
+        """This rank's part of one optimizer step; every rank of the process group calls it with its shard
+        of the same batch. Returns this rank's metrics (batch_shards.merge_rank_metrics adds them up)."""
         t0 = time.perf_counter()
-        _check_trajectories(trajectories, group_size)
-        rewards, advantages = _advantages(trajectories)
-        batches = self._micro_batches(trajectories, advantages)
-        num_tokens = float(sum(len(t.completion_ids) for t in trajectories))
-        num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
+        batches = self._micro_batches(shard)
+        num_tokens, num_sequences = shard.num_tokens, shard.num_sequences
         normalizer = num_tokens if self.loss_agg == "token" else num_sequences
 
         with torch.no_grad():
@@ -216,7 +235,8 @@ class DeepSpeedTrainer:
                 kl = grpo.kl_penalty(logprobs, mb.ref_logprobs, mb.mask, loss_agg=self.loss_agg, normalizer=normalizer)
                 loss = loss + self.kl_coef * kl
                 sums["kl"] += kl.item()
-            self.engine.backward(loss)
+            # DeepSpeed averages gradients over the ranks; each rank's loss is its part of the batch's sum
+            self.engine.backward(loss * shard.world_size)
 
             share = float(mb.mask.sum()) / max(num_tokens, 1.0)  # token-weighted means across micro-batches
             with torch.no_grad():
@@ -237,8 +257,8 @@ class DeepSpeedTrainer:
             **sums,
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "importance_weight_max": weight_max,
-            "reward_mean": float(rewards.mean()),
-            "tokens": int(num_tokens),
+            "reward_mean": shard.reward_mean,
+            "tokens": int(sum(float(mb.mask.sum()) for mb in batches)),
             "micro_batches": len(batches),
             "step_time_s": time.perf_counter() - t0,
             "version": self.version,
@@ -252,15 +272,28 @@ class DeepSpeedTrainer:
     # ------------------------------------------------------------------ weights and checkpoints
 
     def state_numpy(self) -> dict[str, np.ndarray]:
-        """Full weights under the HF state-dict names, as contiguous CPU numpy copies (gathered under ZeRO-3)."""
+        """Full weights under the HF state-dict names, as contiguous fp32 CPU numpy copies (gathered under ZeRO-3,
+        where every rank must call this)."""
+        with self.full_state() as state:
+            return {name: t.numpy().copy(order="C") for name, t in state.items()}
+
+    @contextlib.contextmanager
+    def full_state(self):
+        """The full weights as name -> CPU tensor, without a copy where the parameters already live on the CPU
+        in fp32 (gathered under ZeRO-3: every rank enters, and the views are valid only inside the block).
+        bf16 or GPU parameters are converted to fp32 CPU copies (the engines load fp32 and cast themselves)."""
         import deepspeed
 
         module = self.engine.module
-        params = list(module.parameters())
         gather = self.engine.zero_optimization_stage() == 3
-        ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=None) if gather else contextlib.nullcontext()
+        ctx = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None) if gather else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            return {name: t.detach().cpu().numpy().copy(order="C") for name, t in module.state_dict().items()}
+            yield {name: t.detach().to("cpu", torch.float32) for name, t in module.state_dict().items()}
+
+    @property
+    def gathers_to_publish(self) -> bool:
+        """Whether publishing the weights needs every rank (ZeRO-3 shards the parameters themselves)."""
+        return self.engine.zero_optimization_stage() == 3
 
     def save_checkpoint(self, dir: str, client_state: dict | None = None) -> None:
         """DeepSpeed checkpoint (weights, optimizer, engine counters) plus the version and `client_state`."""
@@ -284,23 +317,7 @@ class DeepSpeedTrainer:
         self.ref_model = None
 
 
-def _advantages(trajectories: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards of all trajectories and the [B] GRPO advantage of each, computed within its own group.
-
-    Groups may be smaller than group_size when a member's reward failed (the runtime drops that
-    member, not the group), so each group is normalised on its own.
-    """
-    groups: dict[str, list[int]] = {}
-    for i, t in enumerate(trajectories):
-        groups.setdefault(t.group_id, []).append(i)
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    advantages = torch.empty(len(trajectories))
-    for members in groups.values():
-        advantages[members] = grpo.group_advantages(rewards[members].unsqueeze(0))[0]
-    return rewards, advantages
-
-
-def _check_trajectories(trajectories: list[Trajectory], group_size: int) -> None:
+def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
     """Groups of at most group_size (fewer when a reward failed), every member rewarded, one log-prob per token."""
     if not trajectories:
         raise ValueError("train_step needs at least one group of trajectories")

@@ -30,7 +30,7 @@ from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.train_sink import TrainSink
-from rlflow.runtime.watchdog import RunStalled, Watchdog
+from rlflow.runtime.watchdog import STALL_FACTOR, RunStalled, Watchdog
 from rlflow.runtime.weight_sync import WeightSync
 
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
@@ -38,8 +38,8 @@ CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
 HEARTBEAT_S = 5.0
 
 
-RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger generates again every group "
-               "that was not trained into it")
+RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger puts buffered groups back and "
+               "generates again every other group that was not trained into it")
 
 
 class Run:
@@ -55,6 +55,8 @@ class Run:
         self.tracker_run_id = None
         self.metrics = Metrics(plan, log=log)
         self.trainer_dead = False
+        self.restored: list[str] = []  # buffered groups a resume put back (not generated again)
+        self.ledger_before: dict = {}  # the ledger's counts when a resume found it
 
     # ------------------------------------------------------------------ setup, from the plan
     def _start(self) -> None:
@@ -77,26 +79,24 @@ class Run:
         self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
         self.buffer = Buffer(self.control, self.store, self.ledger, self.counts, self._abort_group, log=self.log)
         rollout_stages = [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
-        state, replay, drawn = None, [], None
+        state, resumed = None, None
         if self.resume:
             state = checkpoint.load(self.out_dir, self.sink.actor, source=plan["source"], timeout_s=START_TIMEOUT_S)
-            before = self.ledger.counts()
-            replay, drawn = self.ledger.resume(state["step"])
-            self.log(f"resuming at step {state['step']}: {len(replay)} group(s) drawn but not trained into the checkpoint "
-                     f"are generated again first (ledger before: {before})")
+            self.ledger_before = self.ledger.counts()
+            resumed = self.ledger.resume(state["step"])
         max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
         self.prompts = PromptSource(plan["tasks"], AutoTokenizer.from_pretrained(model_dir), max_new_tokens=max_new,
                                     max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
-                                    source=plan["source"], skip=drawn)
+                                    source=plan["source"], skip=resumed.drawn if resumed else None)
         self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
                                     ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
         filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
         self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
                                      concurrency=op["concurrency"], num_cpus=op["num_cpus"],
-                                     source=plan["source"])
+                                     source=plan["source"], resources=op.get("resources"))
                         for op in plan["data_operators"] if op["kind"] == "reward"]
         if state:
-            self._restore(state, replay)
+            self._restore(state, resumed)
         refs = [r for f in self.fleets for r in f.ready_refs()] + [self.sink.actor.ready.remote()]
         self._get(refs, START_TIMEOUT_S, "the rollout instances and the trainer to start")
         self._get(self.sink.actor.publish.remote(self.step), CALL_TIMEOUT_S, "the trainer to publish the initial weights")
@@ -139,7 +139,8 @@ class Run:
                  f"tasks {', '.join(self.plan['tasks'])}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
         status = "FAILED"
         self.last_step_t = time.monotonic()
-        self.watchdog = Watchdog(lambda: len(self.metrics.history))
+        trainer = next(a for a in self.plan["actors"] if a["role"] == "trainer")
+        self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 for f in self.fleets:
@@ -259,14 +260,37 @@ class Run:
         state = {"step": self.step, "mlflow_run_id": self.tracker.run_id, "history": self.metrics.history,
                  "staleness_all": self.metrics.staleness_all, "counts": self.counts}
         path = checkpoint.save(self.out_dir, self.sink.actor, state, timeout_s=CALL_TIMEOUT_S)
+        self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.log(f"checkpoint at step {self.step}: {path}")
 
-    def _restore(self, state: dict, replay: list[dict]) -> None:
+    def _restore(self, state: dict, resumed) -> None:
         self.step = state["step"]
         self.metrics.history, self.metrics.staleness_all = state["history"], state["staleness_all"]
         self.counts.update(state["counts"])
         self.tracker_run_id = state["mlflow_run_id"]
-        self.buffer.policy.version = self.step  # the control plane resumes at the trainer's version, empty
+        self.buffer.policy.version = self.step  # the control plane resumes at the trainer's version
+        replay, fates = list(resumed.replay), {"restored": [], "regenerate": [], "dropped": []}
+        if resumed.restore:  # buffered groups go back as they were: payloads to the store, entries to the policy
+            rows = [row for r in resumed.restore for row in r.rows]
+            self._get(self.store.put.remote(rows), CALL_TIMEOUT_S, "the trajectory store to take the restored groups")
+            for r in resumed.restore:
+                fate = self.buffer.restore(r.gid, r.v_traj, r.rewards)
+                fates[fate].append(r)
+                if fate == "restored":
+                    fleet = next(f for f in self.fleets if r.task in f.tasks)
+                    fleet.lengths.update({f"{row['group_id']}/{row['index']}": len(row["completion_ids"]) for row in r.rows})
+                else:
+                    self.store.discard.remote(list(r.rewards))
+                if fate == "regenerate":  # the policy has no room for it now: generated again, after the others
+                    self.ledger.regenerate(r.gid)
+                    replay.append(r.prompt)
+        self.ledger.flush()
+        self.restored = [r.gid for r in fates["restored"]]
+        for key, n in (("restored", len(self.restored)), ("regenerated", len(replay)), ("dropped", len(fates["dropped"]))):
+            self.counts[f"resume_{key}_groups"] = self.counts.get(f"resume_{key}_groups", 0) + n  # over all resumes
+        self.log(f"resuming at step {self.step}: {len(fates['restored'])} buffered group(s) restored from the ledger, "
+                 f"{len(replay)} group(s) generated again first (in flight, or generated by weights the checkpoint "
+                 f"lost), {len(fates['dropped'])} dropped as now above the bound (ledger before: {self.ledger_before})")
         for f in self.fleets:
             f.replay = [p for p in replay if p["task"] in f.tasks]
 
@@ -292,10 +316,11 @@ class Run:
         for s in getattr(self, "streams", []):
             s.close()
         handles = [i.handle for f in getattr(self, "fleets", []) for i in f.instances]
-        handles += [getattr(self, "sink", None) and self.sink.actor, getattr(self, "store", None),
-                    getattr(self, "weights", None) and self.weights.server]
+        handles += [getattr(self, "store", None), getattr(self, "weights", None) and self.weights.server]
         for handle in filter(None, handles):
             ray.kill(handle)
+        if getattr(self, "sink", None) is not None:
+            self.sink.close()  # every trainer rank, and their placement group
         if getattr(self, "prompts", None) is not None:
             self.prompts.close()
         if getattr(self, "ledger", None) is not None:

@@ -12,7 +12,9 @@ per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
 Output: `start(out)` puts ("rewarded", stage, batch) per bundle, where batch is a dict of equal-length lists,
 one entry per trajectory, whole groups only: group_id, traj_id, task, reward (float; nan when it failed),
-reward_error ("" or why it failed), kept (the group filter's verdict for the member's group).
+reward_error ("" or why it failed), kept (the group filter's verdict for the member's group), v_min and v_max
+(the member's version span, passed through from the store for the ledger). A batch Ray Data scores twice (its
+worker died and the batch was retried) is recorded once: the buffer ignores a group's second reward.
 On failure, or if the stream ends while not closed, it puts ("error", stage, RuntimeError naming the stage).
 
 How a single reward call is made safe (timeouts, non-numbers, the failure rate) is reward_call.py.
@@ -46,6 +48,7 @@ CLOSE_TIMEOUT_S = 10.0
 # process on some group would hang the run: a few restarts survive a lost worker, then the stream fails.
 # Passed as map_batches(**ray_remote_args), the way Ray 2.60 documents; deprecated for 2.64 (Ray is pinned).
 RESTARTS = {"max_restarts": 2, "max_task_retries": 2}
+SPAN = ("v_min", "v_max")  # each member's version span, from the store to the driver's ledger (passed through)
 
 
 class GroupSource(Datasource):
@@ -123,7 +126,7 @@ class Score:
             rewards.append(reward)
             errors.append(error)
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], "reward": rewards,
-                "reward_error": errors}
+                "reward_error": errors, **{k: g[k] for k in SPAN if k in g}}
 
 
     def score_one(self, completion: str, answer: str, prompt: str, row: dict) -> tuple[float, str]:
@@ -164,13 +167,17 @@ class FilterGroups:
 
 
 def per_trajectory(bundles: pa.Table) -> dict:
-    """Bundles of judged groups -> the output batch, one entry per trajectory."""
+    """Bundles of judged groups -> the output batch, one entry per trajectory (with v_min, v_max when the groups
+    carry the store's version spans)."""
     out = {k: [] for k in ("group_id", "traj_id", "task", "reward", "reward_error", "kept")}
     for g in _each_group(bundles):
-        for tid, r, err in zip(g["traj_id"], g["reward"], g["reward_error"], strict=True):
+        for i, (tid, r, err) in enumerate(zip(g["traj_id"], g["reward"], g["reward_error"], strict=True)):
             for k, v in (("group_id", g["group_id"]), ("traj_id", tid), ("task", g["task"]), ("reward", r),
                          ("reward_error", err), ("kept", g["kept"])):
                 out[k].append(v)
+            for k in SPAN:
+                if g.get(k) is not None:
+                    out.setdefault(k, []).append(g[k][i])
     return out
 
 
@@ -178,7 +185,7 @@ class RewardStream:
     """Reward stage `stage` as Ray Data operators over the store's queue for it; `start(out)` delivers batches."""
 
     def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
-                 source: str = "the pipeline"):
+                 source: str = "the pipeline", resources: dict | None = None):
         registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
         if filter_fn:
             registry.resolve("filter", filter_fn)
@@ -194,7 +201,8 @@ class RewardStream:
                 ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
                                          override_num_blocks=1, num_cpus=0.01)
                 .map_batches(Score, fn_constructor_args=(reward_fn, REWARD_TIMEOUT_S), batch_size=None, batch_format="pyarrow",
-                             compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS)
+                             compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS,
+                             **({"resources": resources} if resources else {}))  # stages.<reward>.resources
                 .map_batches(FilterGroups, fn_constructor_args=(filter_fn,), batch_size=None, batch_format="pyarrow",
                              compute=ActorPoolStrategy(size=1), num_cpus=0.01, **RESTARTS)
             )

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import RuntimeDispatch
+from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
 from rlflow.runtime.route_queue import traj_id
 from rlflow.runtime.rollout_worker import RolloutWorker
+from rlflow.runtime.weight_sync import verify_loaded
 from rlflow.stages.trajectory import member_id
 
 
@@ -34,7 +36,8 @@ class RolloutInstance:
     routes: list = field(default_factory=list)  # commands for the next step
     aborts: list = field(default_factory=list)
     interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
-    pull: object = None  # (version, [ref]) to load at the next step
+    pull: object = None  # (version, weight_sync.Published) to load at the next step
+    pulling: object = None  # the Published the outstanding step loads (its report is checked against it)
     snapshot: dict | None = None  # the worker's report at the end of its last step
     running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
@@ -58,8 +61,9 @@ class RolloutFleet:
         self.members = self.group_size + self.spec["group_redundancy"]  # trajectories launched per group
         self.batch_groups = plan["control"]["staleness"]["batch_size"]
         self.instances = [
-            RolloutInstance(a["index"], RolloutWorker.options(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"]).remote(
-                a["engine"], model_dir, a["index"], a["engine_kwargs"], store))
+            RolloutInstance(a["index"], RolloutWorker.options(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"],
+                                                              resources=a.get("resources", {})).remote(
+                a["engine"], ship_model(model_dir), a["index"], a["engine_kwargs"], store))  # the model via the object store
             for a in actors]
         self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
         pc = stage_coordination(plan, stage)
@@ -147,6 +151,7 @@ class RolloutFleet:
             if inst.alive and inst.ref is None and inst.has_work():
                 self.coordination.sent(inst)
                 inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull)
+                inst.pulling = inst.pull[1] if inst.pull else None
                 inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
                 submit(inst.ref, ("step", self, inst))
 
@@ -156,6 +161,9 @@ class RolloutFleet:
     # ------------------------------------------------------------------ results
     def on_step(self, inst: RolloutInstance, result: dict) -> None:
         inst.ref = None
+        if inst.pulling is not None:  # verified delivery: the engine holds exactly the version it was sent
+            verify_loaded(self.stage, inst.index, inst.pulling, result["loaded"])
+            inst.pulling = None
         inst.busy_s += result["busy_s"] + result["pull_s"]
         inst.idle = result["idle"]
         snap = result["snapshot"]

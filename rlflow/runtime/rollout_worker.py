@@ -14,10 +14,15 @@ import time
 import ray
 
 from rlflow import registry
+from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.stages.engine import EngineDied
 
 
 def one_thread() -> None:
+    """One CPU thread, and only the GPUs Ray reserved for this actor (none: CUDA hidden, so engines and
+    DeepSpeed that pick the GPU when there is one honour num_gpus: 0)."""
+    if not ray.get_gpu_ids():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     # PLATFORM-NOTES: two threads per process on shared cores make step times jump 20x.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -29,8 +34,9 @@ def one_thread() -> None:
 class RolloutWorker:
     """One rollout instance of one rollout stage."""
 
-    def __init__(self, engine: str, model_dir: str, instance_id: int, engine_kwargs: dict, store):
+    def __init__(self, engine: str, model_dir, instance_id: int, engine_kwargs: dict, store):
         one_thread()
+        model_dir = local_model_dir(model_dir)  # a ShippedModel (model_shipping.py) becomes a directory on this node
         self.instance_id = instance_id
         self.engine = registry.resolve("engine", engine)(model_dir, instance_id=instance_id, **engine_kwargs)
         self.store = store
@@ -41,15 +47,18 @@ class RolloutWorker:
     def step(self, route: list[dict], abort: list[str], interrupt: list[str], pull) -> dict:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
-        pull: None, or (version, [state ObjectRef]) to load before generating.
+        pull: None, or (version, weight_sync.Published) to load before generating. The result's "loaded" is
+        then the engine's report of what it loaded ({version, checksum}), which the driver verifies.
         """
         from rlflow.stages.trajectory import Trajectory
 
-        pull_s = 0.0
+        pull_s, loaded = 0.0, None
         if pull is not None:
-            version, (ref,) = pull
+            version, published = pull
             t1 = time.perf_counter()
-            self.engine.load_weights(ray.get(ref), version)
+            state = ray.get(published.ref[0])  # zero-copy read-only views into the object store
+            loaded = self.engine.load_weights(state, version)
+            del state  # the engine copied what it needs; drop the views so the store may free the version
             pull_s = time.perf_counter() - t1
         for tid in abort:
             self.engine.abort(tid)
@@ -72,4 +81,5 @@ class RolloutWorker:
         meta = [{k: t[k] for k in ("group_id", "index", "version", "finish_reason")} | {"tokens": len(t["completion_ids"])}
                 for t in finished]
         return {"instance": self.instance_id, "finished": meta, "interrupted": interrupted,
-                "snapshot": self.engine.snapshot(), "busy_s": busy, "pull_s": pull_s, "idle": self.engine.idle}
+                "snapshot": self.engine.snapshot(), "busy_s": busy, "pull_s": pull_s, "idle": self.engine.idle,
+                "loaded": loaded}

@@ -1,19 +1,23 @@
-"""Batches from the buffer into the trainer: the DeepSpeed GRPO trainer actor and the driver's side of a step.
+"""Batches from the buffer into the trainer: the DeepSpeed GRPO trainer's ranks and the driver's side of a step.
 
 The trainer takes the consumed groups' payloads straight from the trajectory store (they never pass
-through the driver), runs one GRPO step (stages/trainer.py) and publishes version + 1 to the parameter
-server itself (weight_sync.py).
+through the driver), runs one GRPO step (stages/trainer.py) over its N data-parallel ranks (`replicas`
+of the train stage: Ray actors in one placement group, one DeepSpeed process group over gloo on CPU or
+NCCL on GPU) and publishes version + 1 to the parameter server itself (weight_sync.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.runtime.model_shipping import local_model_dir, ship_model
 from rlflow.runtime.rollout_worker import one_thread
 
 
@@ -48,50 +52,120 @@ def check_deepspeed_config(plan: dict) -> dict:
     return cfg
 
 
+#: how long the trainer's ranks may wait for the cluster to place them (a placement group the cluster
+#: cannot hold stays pending forever: fail with what was asked for instead)
+PLACEMENT_TIMEOUT_S = 120
+#: one call from rank 0 to the other ranks (their part of a step, a checkpoint, a gather)
+RANK_CALL_TIMEOUT_S = 600
+
+
 @ray.remote
 class TrainerWorker:
-    """The DeepSpeed GRPO trainer; pushes each new version to the parameter server."""
+    """One rank of the DeepSpeed GRPO trainer.
 
-    def __init__(self, model_dir: str, deepspeed_config: str | dict, trainer_kwargs: dict, store, params):
+    Rank 0 leads: the driver talks only to it. It creates ranks 1..N-1 itself (so they share its fate: a
+    killed or ended rank 0 takes them down), joins them in one process group, takes each batch from the
+    trajectory store, cuts it into token-balanced shards (stages/batch_shards.py), runs its own shard while
+    the others run theirs, and publishes the new weights. If another rank dies, rank 0 exits too, so the
+    driver sees the trainer die as it does with one rank.
+    """
+
+    def __init__(self, model_dir: str, deepspeed_config: str | dict, trainer_kwargs: dict, store, params, *,
+                 rank: int = 0, world_size: int = 1, placement=None, master: tuple[str, int] | None = None,
+                 rank_options: dict | None = None):
         one_thread()
-        from rlflow.stages.trainer import DeepSpeedTrainer
+        from rlflow.stages.trainer import DeepSpeedTrainer, free_port
 
-        self.trainer = DeepSpeedTrainer(model_dir, deepspeed_config, **trainer_kwargs)
+        self.rank, self.world_size = rank, world_size
         self.store, self.params = store, params
+        self.peers = []
+        if rank == 0 and world_size > 1:
+            master = (ray.util.get_node_ip_address(), free_port("0.0.0.0"))
+            self.peers = [
+                TrainerWorker.options(**rank_options, scheduling_strategy=PlacementGroupSchedulingStrategy(placement, r))
+                .remote(model_dir, deepspeed_config, trainer_kwargs, None, None, rank=r, world_size=world_size, master=master)
+                for r in range(1, world_size)]
+        if world_size > 1:
+            # LOCAL_RANK 0: Ray gives each rank its own GPU as device 0 (CUDA_VISIBLE_DEVICES); on CPU it is unused
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        # each rank materialises the shipped model on its own node (rank 0 passed the shipment on, not its path)
+        self.trainer = DeepSpeedTrainer(local_model_dir(model_dir), deepspeed_config, **trainer_kwargs)  # joins the process group
+
+    def _all(self, method: str, *args, own):
+        """Call `method` on every other rank, run `own()` here meanwhile, and return [own result, *theirs].
+        A rank that died takes this one down with it (the driver then reports the trainer dead)."""
+        refs = [getattr(p, method).remote(*args) for p in self.peers]
+        try:
+            mine = own()
+            return [mine, *ray.get(refs, timeout=RANK_CALL_TIMEOUT_S)]
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, RuntimeError) as err:
+            if not self.peers:
+                raise
+            print(f"trainer rank 0: another rank failed during {method} ({type(err).__name__}: {err}); "
+                  "the trainer stops", flush=True)
+            ray.actor.exit_actor()
 
     def ready(self) -> bool:
+        self._all("ready", own=lambda: True)
         return True
 
     def publish(self, version: int) -> float:
-        """Push the current weights as `version`; returns the seconds it took."""
-        t0 = time.perf_counter()
-        ref = ray.put(self.trainer.state_numpy())
-        ray.get(self.params.push.remote(version, [ref]))
-        return time.perf_counter() - t0
+        """Push the current weights as `version` (rank 0); returns the seconds it took."""
+        from rlflow.runtime.weight_sync import publish, state_views
+
+        def put():
+            with self.trainer.full_state() as state:  # views: the object store's copy is the one copy
+                return publish(self.params, version, state_views(state))["sync_s"]
+
+        if self.trainer.gathers_to_publish:  # ZeRO-3: every rank takes part in the gather
+            return self._all("gather", own=put)[0]
+        return put()
+
+    def gather(self) -> None:
+        with self.trainer.full_state():
+            pass
 
     def train(self, traj_ids: list[str], rewards: dict[str, float], group_size: int, version: int) -> dict:
-        """One step on the consumed groups; publishes version + 1."""
+        """One step on the consumed groups (rank 0: all ranks train their shard); publishes version + 1."""
+        from rlflow.stages.batch_shards import merge_rank_metrics, shard_batch
+        from rlflow.stages.trainer import check_batch
         from rlflow.stages.trajectory import Trajectory
 
-        rows = ray.get(self.store.take.remote(traj_ids))
+        rows = ray.get(self.store.take.remote(traj_ids), timeout=RANK_CALL_TIMEOUT_S)
         trajectories = []
         for row in rows:
             t = Trajectory.from_dict(row)
             t.reward = rewards[t.traj_id]
             trajectories.append(t)
-        metrics = self.trainer.train_step(trajectories, group_size)
+        check_batch(trajectories, group_size)
+        shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size)
+        refs = [p.train_shard.remote(s) for p, s in zip(self.peers, shards[1:])]
+        try:
+            mine = self.trainer.train_shard(shards[0])
+            metrics = merge_rank_metrics([mine, *ray.get(refs, timeout=RANK_CALL_TIMEOUT_S)])
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, RuntimeError) as err:
+            if not self.peers:
+                raise
+            print(f"trainer rank 0: another rank failed during the step ({type(err).__name__}: {err}); "
+                  "the trainer stops", flush=True)
+            ray.actor.exit_actor()
         metrics["sync_s"] = self.publish(version + 1)
+        metrics["ranks"] = self.world_size
         return metrics
 
+    def train_shard(self, shard) -> dict:
+        return self.trainer.train_shard(shard)
+
     def save(self, directory: str, client_state: dict) -> None:
-        self.trainer.save_checkpoint(directory, client_state)
+        self._all("save", directory, client_state, own=lambda: self.trainer.save_checkpoint(directory, client_state))
 
     def load(self, directory: str) -> dict:
-        return self.trainer.load_checkpoint(directory)
+        return self._all("load", directory, own=lambda: self.trainer.load_checkpoint(directory))[0]
 
 
 class TrainSink:
-    """The plan's trainer actor and the step in flight."""
+    """The plan's trainer (its ranks in one placement group; the driver holds rank 0) and the step in flight."""
 
     def __init__(self, plan: dict, *, model_dir: str, store, params):
         deepspeed_config = check_deepspeed_config(plan)  # before the actor: a bad config is exit 2, not a traceback
@@ -99,8 +173,10 @@ class TrainSink:
         self.steps, self.checkpoint_every = spec["steps"], spec["checkpoint_every"]
         # groups may differ in size between rollout stages; the trainer checks none exceeds the largest
         self.group_size = max(a["group_size"] for a in plan["actors"] if a["role"] == "rollout")
-        self.actor = TrainerWorker.options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"]).remote(
-            model_dir, deepspeed_config, spec["trainer_kwargs"], store, params)
+        self.actor, self.placement = launch_trainer(
+            ship_model(model_dir), deepspeed_config, spec["trainer_kwargs"], store, params, world_size=spec.get("replicas", 1),
+            options={"num_cpus": spec["num_cpus"], "num_gpus": spec["num_gpus"], "resources": spec.get("resources", {})},
+            source=plan["source"], stage=spec["stage"])
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 
@@ -108,3 +184,40 @@ class TrainSink:
         self.batch_info = info
         self.ref = self.actor.train.remote(list(rewards), rewards, self.group_size, version)
         submit(self.ref, ("train", self, None))
+
+    def close(self) -> None:
+        """End every rank and give their resources back (the placement group outlives its actors otherwise)."""
+        from ray.util.placement_group import remove_placement_group
+
+        ray.kill(self.actor)
+        remove_placement_group(self.placement)
+
+
+def launch_trainer(model_dir, deepspeed_config: dict, trainer_kwargs: dict, store, params, *, world_size: int,
+                   options: dict, source: str, stage: str):
+    """Rank 0 of a `world_size`-rank trainer (it starts the others) and their placement group."""
+    placement = _place(world_size, options, source, stage)
+    leader = TrainerWorker.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(placement, 0)).remote(
+        model_dir, deepspeed_config, trainer_kwargs, store, params, world_size=world_size, placement=placement,
+        rank_options=options)
+    return leader, placement
+
+
+def _place(world_size: int, options: dict, source: str, stage: str):
+    """A placement group with one bundle per rank, packed onto as few nodes as possible (collectives are
+    fastest within a node); fails, naming what it asked for, if the cluster cannot hold it."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"CPU": options["num_cpus"], **({"GPU": options["num_gpus"]} if options["num_gpus"] else {}),
+              **options.get("resources", {})}
+    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise PipelineInvalid(source, [Problem(
+            ("stages", stage, "replicas"),
+            f"the cluster could not place {world_size} trainer rank(s) of {bundle} within {PLACEMENT_TIMEOUT_S} s "
+            f"(it has {ray.cluster_resources()})", "cluster-too-small",
+            "lower stages.<train>.replicas, num_cpus or num_gpus, or add nodes")]) from None
+    return group

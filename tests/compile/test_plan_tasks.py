@@ -51,7 +51,7 @@ def test_mixed_plan_actors_carry_their_constructor_arguments():
     (trainer,) = [a for a in plan["actors"] if a["role"] == "trainer"]
     assert Path(trainer["deepspeed"]).is_absolute() and Path(trainer["deepspeed"]).exists()
     assert trainer["trainer_kwargs"] == {"lr": 3e-4, "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token", "kl_coef": 0.0,
-                                         "max_importance_ratio": 5.0, "temperature": 1.0, "seed": 0}
+                                         "max_importance_ratio": 5.0, "temperature": 1.0, "seed": 0, "dtype": "float32"}
     assert (trainer["steps"], trainer["checkpoint_every"]) == (20, 10)
     assert {a["role"] for a in plan["actors"]} == {"rollout", "trainer", "trajectory_server", "parameter_server"}
 
@@ -64,7 +64,7 @@ def test_data_operators_follow_the_data_flow():
     assert ops[0] == {"name": "read:arith", "kind": "read", "task": "arith", "source": "builtin:arith", "weight": 1.0,
                       "limit": None, "prompt_field": "prompt", "answer_field": "answer", "seed": 0, "to": "gen_arith"}
     assert ops[2] == {"name": "score_arith", "kind": "reward", "stage": "score_arith", "fn": "numeric_close", "tasks": ["arith"],
-                      "concurrency": 1, "num_cpus": 0.25}
+                      "concurrency": 1, "num_cpus": 0.25, "resources": {}}
     plan = compile_pipeline(PIPELINES / "quickstart.yaml")
     assert [o["name"] for o in plan["data_operators"]] == ["read:main", "score", "filter:score->buffer"]
     assert plan["data_operators"][-1] == {"name": "filter:score->buffer", "kind": "filter", "after": "score", "fn": "drop_uniform_groups"}

@@ -1,0 +1,105 @@
+"""One training batch over N data-parallel ranks: split by tokens, and the ranks' metrics merged back.
+
+Rank 0 sees the whole batch, so everything that depends on the whole batch is computed there, once:
+the GRPO advantages (within each group) and the loss normaliser (the batch's completion tokens, or
+sequences). Each rank then gets a shard and sums its part of the loss over that global normaliser, so
+N ranks compute the same loss as one rank on the whole batch. DeepSpeed averages gradients over the
+data-parallel ranks, so each rank scales its loss by N (trainer.py) and the averaged gradient is the
+whole batch's gradient.
+
+Shards are balanced by tokens, not by count: a rank's step time follows its tokens, and long-tailed
+lengths make count-balanced shards skewed. Every rank must also run the same number of forward and
+backward passes (ZeRO-2/3 reduce and gather inside them), so each shard is cut into the same number
+of micro-batches; a rank with too few rows runs masked padding rows (zero loss, zero gradient).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from rlflow.stages import grpo
+from rlflow.stages.trajectory import Trajectory
+
+
+@dataclass
+class BatchShard:
+    """One rank's part of a batch, with the whole batch's loss normalisers."""
+
+    trajectories: list[Trajectory]
+    advantages: list[float]  # one per trajectory, computed within its group over the whole batch
+    num_tokens: float  # completion tokens in the whole batch
+    num_sequences: float  # non-empty completions in the whole batch
+    micro_batches: int  # every rank runs exactly this many
+    world_size: int
+    pad: Trajectory  # a row to mask out when this shard has fewer rows than micro_batches
+    reward_mean: float  # over the whole batch
+
+
+def advantages(trajectories: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of all trajectories and the [B] GRPO advantage of each, computed within its own group.
+
+    Groups may be smaller than group_size when a member's reward failed (the runtime drops that
+    member, not the group), so each group is normalised on its own.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(trajectories):
+        groups.setdefault(t.group_id, []).append(i)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    adv = torch.empty(len(trajectories))
+    for members in groups.values():
+        adv[members] = grpo.group_advantages(rewards[members].unsqueeze(0))[0]
+    return rewards, adv
+
+
+def cost(t: Trajectory) -> int:
+    """A row's share of the step time: the tokens its forward and backward passes run over."""
+    return len(t.prompt_ids) + len(t.completion_ids)
+
+
+def balance(costs: list[int], world_size: int) -> list[list[int]]:
+    """Indices split into `world_size` parts of near-equal total cost (greedy longest-first).
+
+    Ties go to the part with fewer rows, then the lower rank, so the split is deterministic.
+    """
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    totals = [0] * world_size
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world_size), key=lambda r: (totals[r], len(parts[r]), r))
+        parts[r].append(i)
+        totals[r] += costs[i]
+    return [sorted(p) for p in parts]
+
+
+def shard_batch(trajectories: list[Trajectory], world_size: int, micro_batch_size: int) -> list[BatchShard]:
+    """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts."""
+    if not trajectories:
+        raise ValueError("a training batch needs at least one trajectory")
+    rewards, adv = advantages(trajectories)
+    num_tokens = float(sum(len(t.completion_ids) for t in trajectories))
+    num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
+    parts = balance([cost(t) for t in trajectories], world_size)
+    micro = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))
+    return [BatchShard(trajectories=[trajectories[i] for i in p], advantages=[float(adv[i]) for i in p],
+                       num_tokens=num_tokens, num_sequences=num_sequences, micro_batches=micro,
+                       world_size=world_size, pad=trajectories[0], reward_mean=float(rewards.mean()))
+            for p in parts]
+
+
+#: metrics that add up over ranks (each rank's value is its part of a whole-batch sum or mean)
+SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "importance_weight_mean",
+          "importance_truncated_frac", "tokens")
+
+
+def merge_rank_metrics(per_rank: list[dict]) -> dict:
+    """One step's metrics from every rank's: sums add, maxima take the max, the rest are rank 0's
+    (grad_norm is global after the all-reduce; reward_mean and version are the same on every rank)."""
+    merged = dict(per_rank[0])
+    for key in SUMMED:
+        merged[key] = sum(m[key] for m in per_rank)
+    merged["importance_weight_max"] = max(m["importance_weight_max"] for m in per_rank)
+    merged["step_time_s"] = max(m["step_time_s"] for m in per_rank)
+    tokens = [m["tokens"] for m in per_rank]
+    merged["rank_token_imbalance"] = max(tokens) / (sum(tokens) / len(tokens)) if sum(tokens) else 1.0
+    return merged
