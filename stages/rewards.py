@@ -1,6 +1,13 @@
-"""Built-in reward functions (`fn:` of a reward stage): (completion, answer) -> float in [0, 1]."""
+"""Built-in reward functions (`fn:` of a reward stage): (completion, answer[, prompt][, row]) -> float in [0, 1]."""
 
 from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+import secrets
+from fractions import Fraction
 
 
 def exact_match(completion: str, answer: str) -> float:
@@ -17,3 +24,98 @@ def numeric_close(completion: str, answer: str) -> float:
     if got == want:
         return 1.0
     return max(0.0, 1.0 - abs(got - want) / max(abs(want), 1.0)) * 0.5
+
+
+COUNTDOWN_MAX_CHARS = 200  # longer "expressions" score 0 before parsing
+
+
+def countdown(completion: str, answer: str, row: dict) -> float:
+    """1.0 if the completion's expression (first line, before any `=`) uses only + - * / and parentheses on the
+    row's `numbers` (each at most once) and equals its `target`, exactly (fractions); else 0.0. Parsed with `ast`,
+    never evaluated as code."""
+    from collections import Counter
+
+    text = completion.strip().split("\n", 1)[0].split("=", 1)[0].strip()
+    if not text or len(text) > COUNTDOWN_MAX_CHARS:
+        return 0.0
+    try:
+        value, used = _arithmetic(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+        return 0.0
+    if Counter(used) - Counter(row["numbers"]):  # a number not given, or given fewer times
+        return 0.0
+    return 1.0 if value == row["target"] else 0.0
+
+
+def _arithmetic(node) -> tuple[Fraction, list[int]]:
+    """(exact value, numbers used) of an expression tree of integer literals and + - * /; ValueError otherwise."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value), [node.value]
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        (a, used_a), (b, used_b) = _arithmetic(node.left), _arithmetic(node.right)
+        return _OPERATORS[type(node.op)](a, b), used_a + used_b
+    raise ValueError(f"not allowed in a countdown expression: {type(node).__name__}")
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_number(completion: str, answer: str) -> float:
+    """1.0 if the last number in the completion equals the answer (`6`, `so 6 pens`, `5+3-2=6`), else 0.0."""
+    numbers = _NUMBER.findall(completion)
+    try:
+        return 1.0 if numbers and float(numbers[-1]) == float(answer) else 0.0
+    except ValueError:
+        return 0.0
+
+
+CODE_LIMITS_WALL_S = 5.0  # per completion, all its tests together (CPU loops stop sooner: 2 CPU-seconds)
+
+
+def code_tests(completion: str, answer: str, prompt: str, row: dict) -> float:
+    """Fraction of the row's hidden `tests` the completed function passes, run only in stages/sandbox.py. The
+    completion is the function's body (appended to the prompt's `def` line) or a whole `def`; one that does not
+    parse, crashes on load, or runs past its limits scores 0 for the tests it did not pass."""
+    from rlflow.stages import sandbox
+
+    tests = row.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("code_tests needs a row with a list column 'tests' (builtin:code rows have one)")
+    body = _strip_fences(completion)
+    entry = row.get("entry") or ""
+    source = body if entry and f"def {entry}(" in body else prompt + body
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0.0
+    nonce = secrets.token_hex(8)
+    result = sandbox.run_python(_CODE_HARNESS, files={"solution.py": source, "tests.json": json.dumps(tests)},
+                                args=(nonce,), limits=sandbox.Limits(cpu_s=2, memory_mb=512, wall_s=CODE_LIMITS_WALL_S))
+    passed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith(nonce) and line.endswith(" 1")}
+    return len(passed) / len(tests)
+
+
+# Runs inside the sandbox: load solution.py, then each test expression; one result line per test. (A solution that
+# sets out to can read the nonce and forge lines: the sandbox contains damage, it does not make cheating impossible.)
+_CODE_HARNESS = """\
+import json, sys
+nonce = sys.argv[1]
+tests = json.load(open("tests.json"))
+space = {"__name__": "solution"}
+exec(compile(open("solution.py").read(), "solution.py", "exec"), space)
+for i, test in enumerate(tests):
+    try:
+        ok = eval(test, space) is True
+    except BaseException:
+        ok = False
+    print(nonce, i, int(ok), flush=True)
+"""
+
+
+def _strip_fences(text: str) -> str:
+    """The code inside a ```python ... ``` block when the completion has one, else the completion."""
+    if "```" not in text:
+        return text
+    inner = text.split("```", 2)[1]
+    return inner.split("\n", 1)[1] if "\n" in inner and inner.split("\n", 1)[0].strip().isalpha() else inner

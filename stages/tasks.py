@@ -29,3 +29,104 @@ def repeat(seed: int = 0, count: int = 1024) -> list[dict]:
         n = min(1 + int(rng.lognormvariate(0.8, 0.7)), 16)
         rows.append({"prompt": f"{word}*{n}=", "answer": " ".join([word] * n)})
     return rows
+
+
+def countdown(seed: int = 0, count: int = 1024) -> list[dict]:
+    """Reach a target from 3-4 numbers with + - * / (each number at most once): `make 24 from 3 5 7 2=` -> one
+    solution, e.g. `(7-5)*3*2`; columns `numbers` and `target` are what the `countdown` reward checks."""
+    from fractions import Fraction
+
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < count:
+        numbers = [rng.randint(1, 10) for _ in range(rng.randint(3, 4))]
+        terms = [(Fraction(n), str(n), True) for n in numbers]  # (value, text, is a bare number)
+        rng.shuffle(terms)
+        while len(terms) > 1:
+            (a, sa, la), (b, sb, lb) = terms.pop(rng.randrange(len(terms))), terms.pop(rng.randrange(len(terms)))
+            op = rng.choice("+-*/")
+            if op == "/" and b == 0:
+                op = "*"
+            value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else a}[op]
+            terms.append((value, f"{sa if la else f'({sa})'}{op}{sb if lb else f'({sb})'}", False))
+        target, expression, _ = terms[0]
+        if target.denominator == 1 and 1 <= target <= 100:
+            rows.append({"prompt": f"make {target} from {' '.join(map(str, numbers))}=", "answer": expression,
+                         "numbers": numbers, "target": int(target)})
+    return rows
+
+
+_NAMES = ("Ann", "Bo", "Cy", "Dee", "Eli", "Fay")
+_THINGS = ("apples", "pens", "cards", "coins", "shells", "eggs")
+# (question template, answer from the numbers a, b, c); 2-3 steps each, small numbers, integer answers >= 0
+_WORD_PROBLEMS = (
+    ("{n} has {a} {t}, gets {b} more, then gives away {c}. How many {t} now?", lambda a, b, c: a + b - c),
+    ("{n} buys {a} bags of {b} {t} and loses {c}. How many {t} are left?", lambda a, b, c: a * b - c),
+    ("There are {a} boxes of {b} {t}. {c} more {t} go in each box. How many {t} in all?", lambda a, b, c: a * (b + c)),
+    ("{n} had {a} {t}, used {c}, then doubled the rest. How many {t} now?", lambda a, b, c: 2 * (a - c)),
+    ("{n} gets {a} {t} a day for {b} days, then {c} more. How many {t} in all?", lambda a, b, c: a * b + c),
+    ("{b} friends share {ab} {t} equally, then each finds {c} more. How many {t} does each have?",
+     lambda a, b, c: a + c),
+)
+
+
+def word_problems(seed: int = 0, count: int = 1024) -> list[dict]:
+    """Multi-step arithmetic word problems from templates: `Ann has 5 pens, gets 3 more, ... A=` -> `6`."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        template, solve = rng.choice(_WORD_PROBLEMS)
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        c = rng.randint(1, min(a, 9))  # never more taken away than there is
+        question = template.format(n=rng.choice(_NAMES), t=rng.choice(_THINGS), a=a, b=b, c=c, ab=a * b)
+        rows.append({"prompt": f"{question} A=", "answer": str(solve(a, b, c))})
+    return rows
+
+
+# name, comment, argument, reference body, reference function, input generator; {k} is drawn per row
+_CODE_TASKS = (
+    ("add_{k}", "add {k} to x", "x", "return x+{k}", lambda k: lambda x: x + k, lambda r: r.randint(-20, 20)),
+    ("times_{k}", "multiply x by {k}", "x", "return x*{k}", lambda k: lambda x: x * k, lambda r: r.randint(-9, 9)),
+    ("is_even", "True if n is even", "n", "return n%2==0", lambda k: lambda n: n % 2 == 0, lambda r: r.randint(-9, 30)),
+    ("clamp_{k}", "x limited to 0..{k}", "x", "return min(max(x,0),{k})", lambda k: lambda x: min(max(x, 0), k),
+     lambda r: r.randint(-5, 15)),
+    ("sum_list", "sum of the numbers in xs", "xs", "return sum(xs)", lambda k: sum, lambda r: _ints(r)),
+    ("max_list", "largest number in xs", "xs", "return max(xs)", lambda k: max, lambda r: _ints(r, 1)),
+    ("first_{k}", "the first {k} items of xs", "xs", "return xs[:{k}]", lambda k: lambda xs: xs[:k], lambda r: _ints(r)),
+    ("squares", "squares of the numbers in xs", "xs", "return [x*x for x in xs]", lambda k: lambda xs: [x * x for x in xs],
+     lambda r: _ints(r)),
+    ("reverse", "s reversed", "s", "return s[::-1]", lambda k: lambda s: s[::-1], lambda r: _word(r)),
+    ("vowels", "number of vowels in s", "s", "return sum(c in 'aeiou' for c in s)",
+     lambda k: lambda s: sum(c in "aeiou" for c in s), lambda r: _word(r)),
+    ("fizzbuzz", "Fizz if n%3==0, Buzz if n%5==0, FizzBuzz if both, else str(n)", "n",
+     ("if n%15==0:\n        return 'FizzBuzz'\n    if n%3==0:\n        return 'Fizz'\n    if n%5==0:\n        return 'Buzz'\n"
+      "    return str(n)"),
+     lambda k: lambda n: "FizzBuzz" if n % 15 == 0 else "Fizz" if n % 3 == 0 else "Buzz" if n % 5 == 0 else str(n),
+     lambda r: r.randint(1, 45)),
+)
+
+
+def _ints(rng: random.Random, least: int = 0) -> list[int]:
+    return [rng.randint(-9, 9) for _ in range(rng.randint(least, 5))]
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdeiou") for _ in range(rng.randint(0, 6)))
+
+
+def code(seed: int = 0, count: int = 1024) -> list[dict]:
+    """Write a small Python function: the prompt is a comment and a `def` line, the answer its body; column `tests`
+    holds hidden asserts (`add_3(1)==4`), run by the `code_tests` reward only inside stages/sandbox.py."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        name, comment, arg, body, reference, draw = rng.choice(_CODE_TASKS)
+        k = rng.randint(2, 9)
+        name, comment, body, fn = name.format(k=k), comment.format(k=k), body.format(k=k), reference(k)
+        inputs = []
+        while len(inputs) < 4:
+            value = draw(rng)
+            inputs += [] if value in inputs else [value]
+        rows.append({"prompt": f"# {comment}\ndef {name}({arg}):\n", "answer": f"    {body}",
+                     "tests": [f"{name}({v!r})=={fn(v)!r}" for v in inputs], "entry": name})
+    return rows

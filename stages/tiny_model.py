@@ -49,6 +49,9 @@ class TinyLlamaSettings:
 TASK_SETTINGS = {
     "arith": TinyLlamaSettings(sft_steps=500, max_new_tokens=8),
     "repeat": TinyLlamaSettings(sft_steps=110, max_new_tokens=48),
+    "countdown": TinyLlamaSettings(sft_steps=300, max_new_tokens=16),
+    "word_problems": TinyLlamaSettings(sft_steps=300, max_new_tokens=8),
+    "code": TinyLlamaSettings(sft_steps=300, max_new_tokens=48),
 }
 DEFAULT_SETTINGS = TinyLlamaSettings(sft_steps=300, max_new_tokens=48)
 
@@ -78,6 +81,14 @@ def _resolve(task: str, sft_steps: int | None) -> tuple[str, TinyLlamaSettings]:
         longest = max(TASK_SETTINGS.get(n, DEFAULT_SETTINGS).max_new_tokens for n in names)
         settings = replace(DEFAULT_SETTINGS, max_new_tokens=longest)
     return "+".join(names), settings if sft_steps is None else replace(settings, sft_steps=sft_steps)
+
+
+def tokenizer_tasks(task: str) -> tuple[str, ...]:
+    """The tasks whose text trains the tokenizer: the base ones (so arith/repeat builds keep their tokenizer) and
+    `task`'s. A function of the task name, which is in the cache directory's name and key."""
+    from rlflow.stages.tokenizer import BASE_TASKS
+
+    return BASE_TASKS + tuple(n for n in task.split("+") if n not in BASE_TASKS)
 
 
 def task_rows(task: str, seed: int, count: int) -> list[dict]:
@@ -139,7 +150,7 @@ def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progres
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             progress(f"tiny-llama[{task}]: training a BPE tokenizer (vocab {settings.vocab_size})")
-            tokenizer = train_tokenizer(settings.vocab_size, seed=seed)
+            tokenizer = train_tokenizer(settings.vocab_size, seed=seed, tasks=tokenizer_tasks(task))
             model = _init_model(tokenizer, settings)
             params = sum(p.numel() for p in model.parameters()) / 1e6
             progress(f"tiny-llama[{task}]: {params:.2f}M params; warm start {settings.sft_steps} steps")

@@ -6,17 +6,21 @@ text round-trips. `tokenizer(prompt)` prepends <s>; completions end with </s>.
 
 from __future__ import annotations
 
-from rlflow.stages import tasks
-
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
+# Always in the training text, so a model built for these tasks keeps the tokenizer (and cache key) it always had;
+# a build for other built-in tasks adds their text (tiny_model.tokenizer_tasks).
+BASE_TASKS = ("arith", "repeat")
 
 
-def train_tokenizer(vocab_size: int = 384, *, seed: int = 0, rows: int = 4000):
-    """Train the BPE on prompts+answers of every built-in task; return a PreTrainedTokenizerFast."""
+def train_tokenizer(vocab_size: int = 384, *, seed: int = 0, rows: int = 4000, tasks: tuple[str, ...] = BASE_TASKS):
+    """Train the BPE on prompts+answers of the named built-in tasks (`arith`, `countdown`, ...); return a
+    PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    text = [r["prompt"] + r["answer"] for task in (tasks.arith, tasks.repeat) for r in task(seed, rows)]
+    from rlflow.registry import resolve
+
+    text = [r["prompt"] + r["answer"] for name in tasks for r in resolve("task", f"builtin:{name}")(seed, rows)]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
