@@ -89,7 +89,7 @@ def shard_batch(trajectories: list[Trajectory], world_size: int, micro_batch_siz
 
 #: metrics that add up over ranks (each rank's value is its part of a whole-batch sum or mean)
 SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "importance_weight_mean",
-          "importance_truncated_frac", "tokens")
+          "importance_weight_used_mean", "importance_truncated_frac", "importance_masked_frac", "tokens")
 
 
 def merge_rank_metrics(per_rank: list[dict]) -> dict:

@@ -1,18 +1,23 @@
 """GRPO loss math: pure tensor functions, no model, no DeepSpeed.
 
 Sources: GRPO group-relative advantages (DeepSeekMath, arXiv:2402.03300 §4.1); DAPO clip-higher and
-token-level loss (arXiv:2503.14476 §3.1, §3.3); decoupled PPO for stale rollouts (AReaL, arXiv:2505.24298 §5.2).
+token-level loss (arXiv:2503.14476 §3.1, §3.3); decoupled PPO for stale rollouts (AReaL, arXiv:2505.24298 §5.2;
+Hilton et al., arXiv:2110.00641); off-policy corrections in `importance_weights`.
 Shapes: B sequences, T completion-target positions; `mask` is 1 on real completion tokens, 0 on padding.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 LossAgg = Literal["token", "sequence"]
+#: how the weight pi_old / pi_behaviour corrects for stale or mismatched samples (see `importance_weights`)
+OffPolicy = Literal["decoupled", "tis_token", "tis_sequence", "mis_token", "mis_sequence", "icepop"]
+OFF_POLICY: tuple[str, ...] = get_args(OffPolicy)
 
 
 def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -58,6 +63,53 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg, normalizer: fl
     raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
 
 
+def importance_weights(
+    log_ratio: Tensor,
+    mask: Tensor,
+    off_policy: OffPolicy = "decoupled",
+    *,
+    max_importance_ratio: float = 5.0,
+    tis_cap: float = 2.0,
+    mask_low: float = 0.5,
+    mask_high: float = 2.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(weights, truncated, masked), all [B, T], for log_ratio = log pi_old - log pi_behaviour; no gradient.
+
+    rho_t = pi_old_t / pi_behaviour_t per token; a sequence's rho = prod_t rho_t over its valid tokens, the same
+    weight on each of its tokens (exp of a clamped log-sum, so it cannot overflow):
+      decoupled     w_t = min(rho_t, max_importance_ratio)                 [1]
+      tis_token     w_t = min(rho_t, tis_cap)                              [2] truncated IS
+      tis_sequence  w   = min(rho, tis_cap)                                [3]
+      mis_token     w_t = rho_t if mask_low <= rho_t <= mask_high else 0   [3] masked IS
+      mis_sequence  w   = rho   if mask_low <= rho   <= mask_high else 0   [3]
+      icepop        w_t = rho_t if mask_low <= rho_t <= mask_high else 0   [4]
+    A weight of 0 takes the token out of the gradient; it still counts in the loss normaliser.
+    [1] AReaL arXiv:2505.24298 §5.2 (decoupled PPO, Hilton et al. arXiv:2110.00641), truncated;
+    [2] Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training";
+    [3] Liu et al. 2025, "When speed kills stability: demystifying RL collapse from the training-inference
+    mismatch"; [4] Ling Team 2025, Ring-1T, arXiv:2510.18855 (IcePop: M(k) = k inside [alpha, beta], else 0).
+    """
+    valid = mask.bool()
+    log_w = torch.where(valid, log_ratio, torch.zeros_like(log_ratio)).detach()
+    if off_policy == "decoupled":  # kept exactly as before the named options existed
+        raw_w = torch.exp(log_w)
+        truncated = (raw_w > max_importance_ratio) & valid
+        return raw_w.clamp(max=max_importance_ratio), truncated, torch.zeros_like(valid)
+    if off_policy in ("tis_sequence", "mis_sequence"):
+        log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+    if off_policy in ("tis_token", "tis_sequence"):
+        log_cap = math.log(tis_cap)
+        truncated = (log_w > log_cap) & valid
+        return torch.exp(log_w.clamp(max=log_cap)), truncated, torch.zeros_like(valid)
+    if off_policy in ("mis_token", "mis_sequence", "icepop"):
+        low = math.log(mask_low) if mask_low > 0 else -math.inf
+        high = math.log(mask_high)
+        inside = (log_w >= low) & (log_w <= high)
+        w = torch.where(inside, torch.exp(log_w.clamp(min=low, max=high)), torch.zeros_like(log_w))
+        return w, torch.zeros_like(valid), ~inside & valid
+    raise ValueError(f"off_policy must be one of {', '.join(OFF_POLICY)}; got {off_policy!r}")
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -70,13 +122,17 @@ def policy_loss(
     max_importance_ratio: float,
     loss_agg: LossAgg,
     normalizer: float | None = None,
+    off_policy: OffPolicy = "decoupled",
+    tis_cap: float = 2.0,
+    mask_low: float = 0.5,
+    mask_high: float = 2.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO-clip loss; advantages are [B] (one per sequence) or [B, T].
 
     r = pi / pi_old (pi_old: the trainer's weights at the start of the step, the proximal policy), clipped to
-    [1 - clip_low, 1 + clip_high]; w = pi_old / pi_behaviour (the weights that sampled the tokens), truncated at
-    max_importance_ratio and detached. Per token: -w * min(r * A, clip(r) * A). With old == behaviour, w = 1:
-    plain PPO.
+    [1 - clip_low, 1 + clip_high]; w = the off-policy weight of pi_old / pi_behaviour (the weights that sampled
+    the tokens), from `importance_weights`, detached. Per token: -w * min(r * A, clip(r) * A). With
+    old == behaviour, w = 1 (unless the mask band excludes 1): plain PPO.
     """
     valid = mask.bool()
     if advantages.dim() == 1:
@@ -88,21 +144,27 @@ def policy_loss(
     clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     surrogate = torch.minimum(ratio * advantages, clipped_ratio * advantages)
 
-    log_w = torch.where(valid, old_logprobs - behaviour_logprobs, torch.zeros_like(old_logprobs)).detach()
-    raw_w = torch.exp(log_w)
-    w = raw_w.clamp(max=max_importance_ratio)
+    w, truncated, masked = importance_weights(
+        old_logprobs - behaviour_logprobs, mask, off_policy,
+        max_importance_ratio=max_importance_ratio, tis_cap=tis_cap, mask_low=mask_low, mask_high=mask_high,
+    )  # fmt: skip
 
     loss = aggregate(-w * surrogate, mask, loss_agg, normalizer)
 
     with torch.no_grad():
         n = valid.sum().clamp(min=1)
+        raw_w = torch.exp(torch.where(valid, old_logprobs - behaviour_logprobs, torch.zeros_like(old_logprobs)))
         clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
         stats = {
             "clip_frac": float((clipped & valid).sum() / n),
             "ratio_mean": float(ratio[valid].sum() / n),
+            # per-token rho = pi_old / pi_behaviour before any correction: how off-policy the batch is
             "importance_weight_mean": float(raw_w[valid].sum() / n),
             "importance_weight_max": float(raw_w[valid].max()) if valid.any() else 1.0,
-            "importance_truncated_frac": float(((raw_w > max_importance_ratio) & valid).sum() / n),
+            # what the correction did: the weight it applied, the tokens it truncated, the tokens it masked out
+            "importance_weight_used_mean": float(w[valid].sum() / n),
+            "importance_truncated_frac": float(truncated.sum() / n),
+            "importance_masked_frac": float(masked.sum() / n),
         }
     return loss, stats
 

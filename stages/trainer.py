@@ -112,6 +112,10 @@ class DeepSpeedTrainer:
         loss_agg: grpo.LossAgg,
         kl_coef: float,
         max_importance_ratio: float,
+        off_policy: grpo.OffPolicy = "decoupled",
+        tis_cap: float = 2.0,
+        mask_low: float = 0.5,
+        mask_high: float = 2.0,
         temperature: float = 1.0,
         micro_batch_size: int | None = None,
         seed: int = 0,
@@ -125,6 +129,10 @@ class DeepSpeedTrainer:
             raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the sampler's temperature), got {temperature}")
+        if off_policy not in grpo.OFF_POLICY:
+            raise ValueError(f"off_policy must be one of {', '.join(grpo.OFF_POLICY)}; got {off_policy!r}")
+        # the off-policy correction and its parameters (grpo.importance_weights)
+        self.off_policy = {"off_policy": off_policy, "tis_cap": tis_cap, "mask_low": mask_low, "mask_high": mask_high}
         self.clip_low, self.clip_high = clip_low, clip_high
         self.loss_agg = loss_agg
         self.kl_coef = kl_coef
@@ -218,7 +226,8 @@ class DeepSpeedTrainer:
                 if self.ref_model is not None:
                     mb.ref_logprobs = grpo.token_logprobs(self._logits(self.ref_model, mb), mb.targets)
 
-        token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_truncated_frac")
+        token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
+                       "importance_truncated_frac", "importance_masked_frac")
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", *token_means), 0.0)
         weight_max = 0.0
         for k, mb in enumerate(batches):
@@ -229,6 +238,7 @@ class DeepSpeedTrainer:
                 logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
                 clip_low=self.clip_low, clip_high=self.clip_high,
                 max_importance_ratio=self.max_importance_ratio, loss_agg=self.loss_agg, normalizer=normalizer,
+                **self.off_policy,
             )  # fmt: skip
             loss = pg_loss
             if self.ref_model is not None:

@@ -51,7 +51,8 @@ def test_advantages_and_normalisers_come_from_the_whole_batch():
 
 def test_rank_metrics_add_up():
     a = {"loss": 0.25, "pg_loss": 0.2, "kl": 0.0, "entropy": 1.0, "clip_frac": 0.1, "ratio_mean": 0.5,
-         "importance_weight_mean": 0.5, "importance_truncated_frac": 0.0, "tokens": 30, "importance_weight_max": 1.5,
+         "importance_weight_mean": 0.5, "importance_weight_used_mean": 0.5, "importance_truncated_frac": 0.0,
+         "importance_masked_frac": 0.0, "tokens": 30, "importance_weight_max": 1.5,
          "step_time_s": 2.0, "grad_norm": 3.0, "version": 4}
     b = {**a, "loss": 0.5, "tokens": 10, "importance_weight_max": 2.5, "step_time_s": 1.0}
     m = merge_rank_metrics([a, b])
