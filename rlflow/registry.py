@@ -18,6 +18,9 @@ ENGINES = {
 REWARDS = {
     "exact_match": "rlflow.stages.rewards:exact_match",
     "numeric_close": "rlflow.stages.rewards:numeric_close",
+    "countdown": "rlflow.stages.rewards:countdown",
+    "final_number": "rlflow.stages.rewards:final_number",
+    "code_tests": "rlflow.stages.rewards:code_tests",
 }
 FILTERS = {
     "drop_uniform_groups": "rlflow.stages.filters:drop_uniform_groups",
@@ -25,6 +28,9 @@ FILTERS = {
 TASKS = {
     "builtin:arith": "rlflow.stages.tasks:arith",
     "builtin:repeat": "rlflow.stages.tasks:repeat",
+    "builtin:countdown": "rlflow.stages.tasks:countdown",
+    "builtin:word_problems": "rlflow.stages.tasks:word_problems",
+    "builtin:code": "rlflow.stages.tasks:code",
 }
 # No `oracle`: it needs true lengths before generation, which only the simulator's synthetic lengths
 # give (rlflow/graph.py rejects it by name); benchmarks use operators.length_ranker.OracleRanker directly.
@@ -33,6 +39,7 @@ RANKERS = {
 }
 MODELS = {
     "builtin:tiny-llama": "rlflow.stages.tiny_model:build_tiny_llama",
+    "builtin:smollm2-135m": "rlflow.stages.smollm2:build_smollm2",  # needs the smollm2 extra (checked at compile)
 }
 
 CATEGORIES = {

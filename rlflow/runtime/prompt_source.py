@@ -20,6 +20,7 @@ from ray.data import DataContext
 
 from rlflow import registry
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.runtime.evaluation import held_out
 
 BUILTIN_TASK_ROWS = 4096  # rows generated for a built-in task without a limit
 BATCH_ROWS = 256  # rows per batch fetched into the driver
@@ -74,6 +75,20 @@ def on_this_node() -> dict[str, str]:
     return {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
 
 
+def encode_prompt(tokenizer, prompt: str, prompt_format: str = "raw", system_prompt: str | None = None) -> list[int]:
+    """A prompt's token ids as the model expects them. raw: the text with the tokenizer's special tokens (<s>);
+    chat: the tokenizer's chat template around it as the user message (after `system_prompt` as a system message),
+    generation prompt added; ValueError when the tokenizer has no chat template."""
+    if prompt_format == "raw":
+        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if prompt_format != "chat":
+        raise ValueError(f"unknown prompt_format {prompt_format!r}; use raw or chat")
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    ids = tokenizer.apply_chat_template(messages + [{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
+
+
 def _missing(value) -> bool:
     """No value: absent, null, or a float NaN (how Parquet/pandas often write a null)."""
     return value is None or (isinstance(value, float) and value != value)
@@ -91,6 +106,7 @@ class _TaskRows:
         self.name, self.spec, self.seed, self.source = name, spec, seed, source
         self.loc = ("data", "source") if name == "main" else ("data", "tasks", name, "source")
         self.fields = (spec.get("prompt_field", "prompt"), spec.get("answer_field", "answer"))
+        self.holdout = spec.get("holdout")  # share of rows held out for evaluation (runtime/evaluation.py)
         self.epoch, self.in_epoch, self._rows = 0, 0, None
         self._first: list | None = []  # the first epoch's rows while there are at most CACHE_ROWS
         self._cached: list | None = None
@@ -144,6 +160,8 @@ class _TaskRows:
                 if self.in_epoch == 0:
                     self._check_columns(row)
                 self._check_row(row)
+                if self.holdout and held_out(str(row[self.fields[0]]), self.holdout):
+                    continue  # an evaluation row: never trained on
                 self.in_epoch += 1
                 if self._first is not None:
                     self._first.append(row)
@@ -228,7 +246,12 @@ class PromptSource:
         self.drawn[task] += 1
         prompt_field, answer_field = stream.fields
         prompt, answer = str(row[prompt_field]), str(row[answer_field])
-        ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        fmt = stream.spec.get("prompt_format") or "raw"
+        try:
+            ids = encode_prompt(self.tokenizer, prompt, fmt, stream.spec.get("system_prompt"))
+        except ValueError as err:  # the model directory changed since compile (which checks for a chat template)
+            stream.fail(f"cannot format prompt {n} as chat: {err}", "no-chat-template",
+                        "use prompt_format: raw, or a model whose tokenizer has a chat template")
         budget = self.max_new_tokens[task]
         if len(ids) + budget > self.max_model_len:
             stream.fail(f"prompt {n} ({prompt[:40]!r}) has {len(ids)} tokens; with max_new_tokens {budget} that "

@@ -29,9 +29,9 @@ def test_mixed_plan_routes_each_task_through_its_own_stages():
     assert plan["plan_version"] == 2
     assert plan["tasks"] == {
         "arith": {"source": "builtin:arith", "weight": 1.0, "limit": None, "prompt_field": "prompt", "answer_field": "answer",
-                  "rollout": "gen_arith", "reward": "score_arith", "filter": None},
+                  "prompt_format": "raw", "system_prompt": None, "rollout": "gen_arith", "reward": "score_arith", "filter": None, "holdout": None},
         "repeat": {"source": "builtin:repeat", "weight": 1.0, "limit": None, "prompt_field": "prompt", "answer_field": "answer",
-                   "rollout": "gen_repeat", "reward": "score_repeat", "filter": None},
+                   "prompt_format": "raw", "system_prompt": None, "rollout": "gen_repeat", "reward": "score_repeat", "filter": None, "holdout": None},
     }
     coord = plan["control"]["coordination"]
     assert coord["gen_arith"]["tasks"] == ["arith"] and coord["gen_repeat"]["tasks"] == ["repeat"]
@@ -51,7 +51,8 @@ def test_mixed_plan_actors_carry_their_constructor_arguments():
     (trainer,) = [a for a in plan["actors"] if a["role"] == "trainer"]
     assert Path(trainer["deepspeed"]).is_absolute() and Path(trainer["deepspeed"]).exists()
     assert trainer["trainer_kwargs"] == {"lr": 3e-4, "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token", "kl_coef": 0.0,
-                                         "max_importance_ratio": 5.0, "temperature": 1.0, "seed": 0, "dtype": "float32"}
+                                         "max_importance_ratio": 5.0, "off_policy": "decoupled", "tis_cap": 2.0,
+                                         "mask_low": 0.5, "mask_high": 2.0, "temperature": 1.0, "seed": 0, "dtype": "float32"}
     assert (trainer["steps"], trainer["checkpoint_every"]) == (20, 10)
     assert {a["role"] for a in plan["actors"]} == {"rollout", "trainer", "trajectory_server", "parameter_server"}
 
@@ -73,7 +74,9 @@ def test_data_operators_follow_the_data_flow():
 def test_one_source_is_the_task_main():
     plan = compile_pipeline(PIPELINES / "quickstart.yaml")
     assert plan["tasks"] == {"main": {"source": "builtin:repeat", "weight": 1.0, "limit": None, "prompt_field": "prompt",
-                                      "answer_field": "answer", "rollout": "rollout", "reward": "score", "filter": "drop_uniform_groups"}}
+                                      "answer_field": "answer", "prompt_format": "raw", "system_prompt": None,
+                                      "rollout": "rollout", "reward": "score", "filter": "drop_uniform_groups",
+                                      "holdout": None}}
     assert plan["control"]["coordination"]["rollout"]["tasks"] == ["main"]
 
 

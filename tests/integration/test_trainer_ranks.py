@@ -99,6 +99,7 @@ def test_two_ranks_make_the_same_update_as_one(stage, batch, ray_cluster, tmp_pa
             np.testing.assert_array_equal(restored[name], after2[name])
 
 
+@pytest.mark.slow  # the ranks' equivalence and checkpoint test above covers the trainer; this is the plan's wiring
 def test_a_pipeline_trains_with_two_ranks(ray_cluster, workdir):
     """`stages.train.replicas: 2` through rlflow run: both ranks train every step, from the plan."""
     from runs import plan_for, run_plan

@@ -17,7 +17,8 @@ from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
 
 from engine_helpers import mixed_rows, perturbed_state, run_to_idle, trajectories  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reload path")]
+# slow: a vLLM engine start; the default run verifies vLLM's reports on every pull of test_run.py's vLLM run
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reload path")]
 
 
 def test_vllm_engine_reports_version_and_checksum_of_a_complete_reload(tmp_path):

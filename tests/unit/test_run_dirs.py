@@ -121,6 +121,8 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(driver, "Run", FakeRun)
     monkeypatch.setattr(launch, "preflight", lambda plan: None)
+    monkeypatch.setattr(launch, "check_cluster", lambda *a: None)  # no cluster to ask (tests/unit/test_multinode_parts.py)
+    monkeypatch.setattr(ray, "nodes", lambda: [])
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as if joined: no cluster is started
     plan = {**PLAN, "resources": {"cluster": {"address": None}}}
     said = []

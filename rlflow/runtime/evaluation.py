@@ -1,0 +1,416 @@
+"""Evaluation: held-out prompts scored at a given weights version, on an engine of its own.
+
+The held-out split is a hash of the prompt text (`held_out`): the same rows every run and every process, and
+prompt_source.py skips them, so they are never trained on. A data.eval file is held out by being a file of
+its own. Each evaluation drives the engine in-process: one greedy completion per prompt (temperature 0, the
+argmax token; engine.py documents its log-probs) and k samples at the rollout temperature, each scored by the
+task's reward function. The `Evaluator` actor does that inside `rlflow run` at the versions the driver sends
+it (training goes on meanwhile: the driver gets the result as an event); `rlflow eval` does it in-process.
+
+Metrics (MLflow, at the step whose weights were evaluated): eval/accuracy (greedy completions with reward
+>= 1), eval/pass_at_<k> (pass@k: MLflow names allow no "@"; the unbiased estimator of Chen et al. 2021),
+eval/reward_mean (greedy), eval/sample_reward_mean, eval/accuracy_len_<short|medium|long> (by the reference answer's token length, terciles of the held-out set);
+with several tasks also eval/<task>/... per task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import ray
+
+EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
+BUCKETS = ("short", "medium", "long")
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+def held_out(prompt: str, fraction: float) -> bool:
+    """Whether a row with this prompt text is in the held-out `fraction` (sha256: stable across processes and
+    Python versions, unlike hash(); equal prompts fall on the same side)."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
+    return h < fraction * 2**64
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, eq. 1,
+    in its numerically stable product form). With n == k it is 1 if any sample is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def bucket_edges(lengths: list[int]) -> tuple[int, int]:
+    """Tercile edges of answer lengths: short <= e1 < medium <= e2 < long (a bucket may be empty when lengths tie)."""
+    s = sorted(lengths)
+    if not s:
+        return (0, 0)
+    return s[math.ceil(len(s) / 3) - 1], s[math.ceil(2 * len(s) / 3) - 1]
+
+
+def bucket(length: int, edges: tuple[int, int]) -> str:
+    return BUCKETS[0] if length <= edges[0] else BUCKETS[1] if length <= edges[1] else BUCKETS[2]
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(results: list[dict], k: int, prefix: str = "eval/") -> dict:
+    """Metrics of per-prompt results {greedy_reward, sample_rewards, bucket}."""
+    correct = [r["greedy_reward"] >= 1.0 for r in results]
+    out = {f"{prefix}accuracy": _mean(correct), f"{prefix}pass_at_{k}": _mean(
+        [pass_at_k(len(r["sample_rewards"]), sum(x >= 1.0 for x in r["sample_rewards"]), k) for r in results]),
+        f"{prefix}reward_mean": _mean([r["greedy_reward"] for r in results]),
+        f"{prefix}sample_reward_mean": _mean([x for r in results for x in r["sample_rewards"]]),
+        f"{prefix}prompts": len(results)}
+    for b in BUCKETS:
+        mine = [c for c, r in zip(correct, results) if r["bucket"] == b]
+        if mine:
+            out[f"{prefix}accuracy_len_{b}"] = _mean(mine)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- held-out rows
+def _read_file(path: str):
+    """Rows of a .jsonl / .json / .parquet file, in file order."""
+    if Path(path).suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            yield from batch.to_pylist()
+        return
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        yield from json.loads(text)
+        return
+    for line in text.splitlines():
+        if line.strip():
+            yield json.loads(line)
+
+
+def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
+    """The first `size` distinct prompts of a task's held-out rows, in source order, as {"prompt", "answer", "row"}.
+
+    task: {"source", "holdout" (fraction or None: every row of `source` is held out, a data.eval file), "limit",
+    "prompt_field", "answer_field"}. A built-in task is generated exactly as prompt_source.py generates it
+    (same seed and count), so a fraction names the very rows training skips."""
+    from rlflow import registry
+    from rlflow.runtime.prompt_source import BUILTIN_TASK_ROWS
+
+    src, frac = task["source"], task.get("holdout")
+    pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
+    if src.startswith("builtin:"):
+        rows = iter(registry.resolve("task", src)(seed=seed, count=task.get("limit") or BUILTIN_TASK_ROWS))
+    else:
+        rows = _read_file(src)
+    out, seen = [], set()
+    for n, row in enumerate(rows):
+        if task.get("limit") and n >= task["limit"]:
+            break
+        if row.get(pf) is None or row.get(af) is None:
+            continue
+        prompt = str(row[pf])
+        if prompt in seen or (frac is not None and not held_out(prompt, frac)):
+            continue
+        seen.add(prompt)
+        out.append({"prompt": prompt, "answer": str(row[af]), "row": json.loads(json.dumps(row, default=str))})
+        if len(out) >= size:
+            break
+    return out
+
+
+def encode(tokenizer, rows: list[dict], prompt_format: str = "raw", system_prompt: str | None = None) -> list[dict]:
+    """Prompt ids (exactly as prompt_source.py formats training prompts) and the answer's token length (buckets)."""
+    from rlflow.runtime.prompt_source import encode_prompt
+
+    for r in rows:
+        r["prompt_ids"] = encode_prompt(tokenizer, r["prompt"], prompt_format, system_prompt)
+        r["answer_tokens"] = len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+@contextlib.contextmanager
+def _sampling(engine, temperature: float, max_new_tokens: int):
+    """Generate with these settings (engines read them per request / per decode step), then restore them."""
+    saved = engine.temperature, engine.max_new_tokens
+    engine.temperature, engine.max_new_tokens = temperature, max_new_tokens
+    try:
+        yield
+    finally:
+        engine.temperature, engine.max_new_tokens = saved
+
+
+def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_new_tokens: int, tag: str) -> dict:
+    """Completions {(row index, sample index): text}, generated to the end on an idle engine."""
+    from rlflow.stages.trajectory import Trajectory
+
+    done = {}
+    with _sampling(engine, temperature, max_new_tokens):
+        for i, r in enumerate(rows):
+            for j in range(samples):
+                engine.start(Trajectory(group_id=f"{tag}-{i}", index=j, prompt=r["prompt"], answer=r["answer"],
+                                        prompt_ids=list(r["prompt_ids"]), row=r.get("row", {})))
+        while not engine.idle:
+            for t in engine.step():
+                done[(int(t.group_id.rsplit("-", 1)[1]), t.index)] = t.completion
+    return done
+
+
+def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: float, max_new_tokens: int,
+               edges: tuple[int, int] | None = None) -> tuple[list[dict], int]:
+    """Per-prompt results {greedy_reward, sample_rewards, bucket, greedy} and the number of reward calls that
+    failed (scored 0)."""
+    from rlflow.runtime.reward_call import as_reward, reward_caller
+
+    call, failed = reward_caller(reward_fn), 0
+
+    def reward(text: str, r: dict) -> float:
+        nonlocal failed
+        try:
+            return as_reward(call(text, r["answer"], r["prompt"], r.get("row", {})))
+        except Exception:  # noqa: BLE001 - a failing reward scores 0 here; training counts its failures itself
+            failed += 1
+            return 0.0
+
+    greedy = generate(engine, rows, 1, temperature=0.0, max_new_tokens=max_new_tokens, tag="greedy")
+    sampled = generate(engine, rows, k, temperature=temperature, max_new_tokens=max_new_tokens, tag="sample")
+    edges = edges or bucket_edges([r["answer_tokens"] for r in rows])
+    results = [{"greedy": greedy[(i, 0)], "greedy_reward": reward(greedy[(i, 0)], r),
+                "sample_rewards": [reward(sampled[(i, j)], r) for j in range(k)],
+                "bucket": bucket(r["answer_tokens"], edges)} for i, r in enumerate(rows)]
+    return results, failed
+
+
+def evaluate(engine, tasks: dict[str, dict], k: int) -> dict:
+    """Metrics over every task's held-out rows. tasks: name -> {"rows" (encoded), "reward_fn" (callable),
+    "temperature", "max_new_tokens"}; several tasks add eval/<task>/... beside the overall metrics."""
+    t0 = time.perf_counter()
+    metrics, everything, failed = {}, [], 0
+    for name, t in tasks.items():
+        results, bad = score_task(engine, t["rows"], t["reward_fn"], k=k, temperature=t["temperature"],
+                                  max_new_tokens=t["max_new_tokens"])
+        everything += results
+        failed += bad
+        if len(tasks) > 1:
+            metrics.update(summarize(results, k, prefix=f"eval/{name}/"))
+    metrics.update(summarize(everything, k))
+    metrics["eval/reward_failed"] = failed
+    metrics["eval/seconds"] = time.perf_counter() - t0
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------- in a run
+def prepare(actor: dict, tokenizer, source: str) -> dict[str, dict]:
+    """The plan's evaluator tasks with their held-out rows read and tokenized (in the driver, where data files are)."""
+    out = {}
+    for name, t in actor["tasks"].items():
+        rows = encode(tokenizer, held_out_rows(t, size=actor["size"], seed=actor["seed"]), t.get("prompt_format", "raw"),
+                      t.get("system_prompt"))
+        if not rows:
+            from rlflow.errors import PipelineInvalid, Problem
+
+            raise PipelineInvalid(source, [Problem(("data", "eval"), f"task '{name}' has no held-out rows in "
+                                                        f"'{t['source']}'", "empty-eval",
+                                                        "raise the fraction, or give a file with prompts and answers")])
+        out[name] = {"rows": rows, "reward_fn": t["reward_fn"], "temperature": t["temperature"],
+                     "max_new_tokens": t["max_new_tokens"]}
+    return out
+
+
+@ray.remote
+class Evaluator:
+    """An engine of its own, with the first rollout stage's settings: scores the held-out rows at a weights version.
+    It is not a rollout instance: the coordinator never routes to it, nothing it generates reaches the trajectory
+    store, the ledger or the staleness accounting. Calls queue in the actor, one at a time, in order."""
+
+    def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, dict], k: int):
+        from rlflow import registry
+        from rlflow.runtime.model_shipping import local_model_dir
+        from rlflow.runtime.rollout_worker import one_thread
+
+        one_thread()
+        self.engine = registry.resolve("engine", engine)(local_model_dir(model_dir), instance_id=EVAL_INSTANCE,
+                                                         **engine_kwargs)
+        self.tasks = {n: {**t, "reward_fn": registry.resolve("reward", t["reward_fn"])} for n, t in tasks.items()}
+        self.k = k
+
+    def ready(self) -> bool:
+        return True
+
+    def evaluate(self, version: int, published) -> dict:
+        """Metrics of weights `version` (a weight_sync.Published); the weights are loaded first, and checked."""
+        state = ray.get(published.ref[0])
+        loaded = self.engine.load_weights(state, version)
+        del state
+        if loaded["checksum"] != published.checksum:
+            raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded['checksum']}, "
+                               f"published {published.checksum}")
+        return {"version": version, **evaluate(self.engine, self.tasks, self.k)}
+
+    def close(self) -> None:
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
+
+class Evaluations:
+    """The driver's side: which steps are evaluated, the calls in flight, and their results.
+
+    Evaluated: the initial weights and every `every` steps (every > 0), and the last step of a run that finishes.
+    A call is submitted and the driver goes on; the result comes back as a ("eval", step) event."""
+
+    def __init__(self, plan: dict, model_dir: str, tokenizer):
+        from rlflow.runtime.model_shipping import ship_model
+
+        spec = next((a for a in plan["actors"] if a["role"] == "evaluator"), None)
+        self.enabled = spec is not None
+        self.every = spec["every"] if spec else 0
+        self.pending: dict[int, object] = {}  # step -> ObjectRef of its result
+        self.done: set[int] = set()
+        self.actor = None
+        if spec:
+            self.actor = Evaluator.options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"],
+                                           resources=spec.get("resources", {})).remote(
+                spec["engine"], ship_model(model_dir), spec["engine_kwargs"], prepare(spec, tokenizer, plan["source"]), spec["k"])
+
+    def ready_refs(self) -> list:
+        return [self.actor.ready.remote()] if self.actor else []
+
+    def due(self, step: int, *, final: bool = False) -> bool:
+        if not self.enabled or step in self.pending or step in self.done:
+            return False
+        return final or (self.every > 0 and step % self.every == 0)
+
+    def submit(self, step: int, published, submit) -> None:
+        """Evaluate the weights `published` (weight_sync.Published) as those of `step`; `submit(ref, tag)` hands
+        the future to the driver's event queue."""
+        ref = self.actor.evaluate.remote(published.version, published)
+        self.pending[step] = ref
+        submit(ref, ("eval", step))
+
+    def result(self, step: int, future) -> dict | None:
+        """The metrics of a finished evaluation (None if it was already taken), raising RunFailed if it failed."""
+        from rlflow.errors import RunFailed
+
+        if self.pending.pop(step, None) is None:
+            return None
+        self.done.add(step)
+        try:
+            return future.result()
+        except ray.exceptions.RayError as err:
+            raise RunFailed(f"the evaluator failed on the weights of step {step}: {err}") from None
+
+    def wait(self, timeout_s: float) -> dict[int, dict]:
+        """Every evaluation still in flight, in step order (the end of a run)."""
+        from rlflow.errors import RunFailed
+
+        out = {}
+        for step in sorted(self.pending):
+            ref = self.pending.pop(step)
+            self.done.add(step)
+            try:
+                out[step] = ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as err:
+                raise RunFailed(f"the evaluator failed on the weights of step {step}: {type(err).__name__}: {err}") from None
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- `rlflow eval`
+def _bad(message: str, fix: str, loc: str = "--data"):
+    from rlflow.errors import PipelineInvalid, Problem
+
+    raise PipelineInvalid("rlflow eval", [Problem((loc,), message, "bad-eval-input", fix)])
+
+
+def eval_tasks(plan: dict | None, *, data: str | None, task: str | None, reward: str | None, n: int | None,
+               k: int | None, max_new_tokens: int | None, temperature: float | None) -> tuple[dict, dict]:
+    """What `rlflow eval` scores: per task {source, holdout, limit, prompt_field, answer_field, reward_fn,
+    max_new_tokens, temperature}, and the settings {size, k, seed, top_p, max_running, max_model_len}. Defaults come
+    from the plan an export carries (its held-out split, rewards and rollout settings), else plain ones."""
+    from rlflow import registry
+
+    evaluator = next((a for a in plan["actors"] if a["role"] == "evaluator"), None) if plan else None
+    rollouts = [a for a in plan["actors"] if a["role"] == "rollout"] if plan else []
+    settings = {"size": n or (evaluator["size"] if evaluator else 128), "k": k or (evaluator["k"] if evaluator else 4),
+                "seed": plan["pipeline"]["data"]["seed"] if plan else 0,
+                "top_p": rollouts[0]["engine_kwargs"]["top_p"] if rollouts else 1.0,
+                "max_running": rollouts[0]["engine_kwargs"]["max_running"] if rollouts else 64,
+                "max_model_len": plan["pipeline"]["model"]["max_model_len"] if plan else None}
+    ptasks = plan["tasks"] if plan else {}
+    if task is not None and plan is not None and task not in ptasks:
+        _bad(f"the run has no task '{task}' (tasks: {', '.join(ptasks)})", "name one of them", loc="--task")
+    if data is None:
+        if evaluator is None:
+            _bad("no --data, and the model carries no run's held-out split (data.eval)",
+                 "give --data builtin:<task> or a .jsonl/.json/.parquet file of prompts and answers")
+        chosen = {name: dict(t) for name, t in evaluator["tasks"].items() if task in (None, name)}
+    else:
+        if not data.startswith("builtin:") and not (data.endswith((".jsonl", ".json", ".parquet")) and Path(data).is_file()):
+            _bad(f"'{data}' is neither builtin:<task> nor an existing .jsonl/.json/.parquet file",
+                 "built-in tasks: " + ", ".join(registry.builtin_names("task")))
+        if data.startswith("builtin:") and data not in registry.builtin_names("task"):
+            _bad(f"unknown built-in task '{data}'", "built-in tasks: " + ", ".join(registry.builtin_names("task")))
+        if task is None and len(ptasks) > 1:
+            _bad(f"the run has several tasks ({', '.join(ptasks)}): which one's reward scores --data?", "add --task NAME",
+                 loc="--task")
+        name = task or next(iter(ptasks), "main")
+        pt = ptasks.get(name)
+        same = pt is not None and pt["source"] == data  # the run's own source: keep its held-out split
+        rollout = next((a for a in rollouts if name in a["tasks"]), None)
+        fn = next((op["fn"] for op in plan["data_operators"] if op["kind"] == "reward" and pt and op["stage"] == pt["reward"]),
+                  "exact_match") if plan else "exact_match"
+        chosen = {name: {"source": data, "holdout": pt.get("holdout") if same else None, "limit": pt["limit"] if same else None,
+                         "prompt_field": pt["prompt_field"] if pt else "prompt",
+                         "answer_field": pt["answer_field"] if pt else "answer", "reward_fn": fn,
+                         "prompt_format": (pt or {}).get("prompt_format", "raw"), "system_prompt": (pt or {}).get("system_prompt"),
+                         "max_new_tokens": rollout["engine_kwargs"]["max_new_tokens"] if rollout else 64,
+                         "temperature": rollout["engine_kwargs"]["temperature"] if rollout else 1.0}}
+    for t in chosen.values():
+        t.update({k: v for k, v in (("reward_fn", reward), ("max_new_tokens", max_new_tokens), ("temperature", temperature))
+                  if v is not None})
+        try:
+            registry.resolve("reward", t["reward_fn"])
+        except Exception as err:  # noqa: BLE001 - a bad reference is the user's input
+            _bad(f"reward '{t['reward_fn']}': {err}", "built-in rewards: " + ", ".join(registry.builtin_names("reward")),
+                 loc="--reward")
+    return chosen, settings
+
+
+def run_eval(model_dir: str, tasks: dict[str, dict], settings: dict, *, engine: str = "hf") -> dict:
+    """Score `model_dir` in this process (no Ray): the rows of each task read, tokenized, generated and rewarded."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rlflow import registry
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prepared = {}
+    for name, t in tasks.items():
+        rows = encode(tokenizer, held_out_rows(t, size=settings["size"], seed=settings["seed"]),
+                      t.get("prompt_format", "raw"), t.get("system_prompt"))
+        if not rows:
+            _bad(f"task '{name}': no rows to score in '{t['source']}'", "check --data and its prompt/answer fields")
+        prepared[name] = {"rows": rows, "reward_fn": registry.resolve("reward", t["reward_fn"]),
+                          "temperature": t["temperature"], "max_new_tokens": t["max_new_tokens"]}
+    max_new = max(t["max_new_tokens"] for t in prepared.values())
+    longest = max(len(r["prompt_ids"]) for t in prepared.values() for r in t["rows"])
+    limit = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None) or 4096
+    max_model_len = settings["max_model_len"] or min(limit, max(512, longest + max_new + 1))
+    if longest + max_new > max_model_len:
+        _bad(f"a prompt of {longest} tokens + max_new_tokens {max_new} exceeds the model length {max_model_len}",
+             "lower --max-new-tokens, or score shorter prompts")
+    first = next(iter(prepared.values()))
+    eng = registry.resolve("engine", engine)(model_dir, max_running=settings["max_running"], max_new_tokens=max_new,
+                                             temperature=first["temperature"], top_p=settings["top_p"],
+                                             seed=settings["seed"], max_model_len=max_model_len)
+    try:
+        return evaluate(eng, prepared, settings["k"])
+    finally:
+        if hasattr(eng, "close"):
+            eng.close()

@@ -1,0 +1,158 @@
+"""Export: the policy as a Hugging Face directory that transformers and vLLM load.
+
+A run exports the weights the parameter server last published (numpy already, no trainer call) into
+`<run dir>/export/` when it ends (and on Ctrl-C), and into `<run dir>/export/step-<N>/` every
+`stages.<train>.save_every` steps; `rlflow export RUN` rebuilds the full fp32 state from the run's DeepSpeed
+checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (fp32), the
+tokenizer and generation files of the model directory the run started from, plan.json and rlflow_export.json
+(version, step, where the weights came from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+WEIGHTS = "model.safetensors"
+INFO = "rlflow_export.json"
+#: files of the source model directory not copied: its weights (replaced) and its config (rewritten)
+SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+SKIP_NAMES = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+
+
+def _as_numpy(t) -> np.ndarray:
+    if isinstance(t, np.ndarray):
+        return np.ascontiguousarray(t)
+    return t.detach().to("cpu").contiguous().numpy()
+
+
+def _tied(model_dir: Path) -> bool:
+    """Whether the model ties lm_head to the input embeddings (transformers then saves only the embeddings)."""
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(str(model_dir)), "tie_word_embeddings", False))
+
+
+def write(state: dict, model_dir: str | Path, out: str | Path, *, info: dict | None = None,
+          plan: dict | None = None) -> Path:
+    """Write `state` (name -> numpy array or tensor, Hugging Face parameter names) as a Hugging Face directory at
+    `out`, with the config and tokenizer of `model_dir`. Files are written beside and moved in one by one, so a
+    reader never sees a half-written file; subdirectories of `out` (step-<N>/ exports) are kept."""
+    from safetensors.numpy import save_file
+
+    model_dir, out = Path(model_dir), Path(out)
+    arrays = {name: _as_numpy(t) for name, t in state.items()}
+    if "lm_head.weight" in arrays and _tied(model_dir):
+        arrays.pop("lm_head.weight")  # tied: loaders take it from the embeddings (as save_pretrained writes it)
+    dtypes = {str(a.dtype) for a in arrays.values()}
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(arrays, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        config = json.loads((model_dir / "config.json").read_text())
+        if len(dtypes) == 1:  # the dtype the file holds, so dtype="auto" loads it as written
+            (dtype,) = dtypes
+            config["dtype"] = dtype
+            if "torch_dtype" in config:
+                config["torch_dtype"] = dtype
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for f in sorted(model_dir.iterdir()):
+            if f.is_file() and f.name not in SKIP_NAMES and not f.name.endswith(SKIP_SUFFIXES) and f.name != INFO:
+                shutil.copy2(f, tmp / f.name)
+        if plan is not None:
+            (tmp / "plan.json").write_text(json.dumps(plan, indent=2))
+        (tmp / INFO).write_text(json.dumps({"source_model": str(model_dir), **(info or {})}, indent=2))
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == WEIGHTS):  # the weights last
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_state(path: str | Path) -> dict[str, np.ndarray]:
+    """An export's weights as name -> numpy array (tests and checks; transformers loads the directory itself)."""
+    from safetensors.numpy import load_file
+
+    return load_file(str(Path(path) / WEIGHTS))
+
+
+# ---------------------------------------------------------------------------------------------- from a checkpoint
+def checkpoint_tag(ckpt: Path) -> str | None:
+    latest = ckpt / "latest"
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def from_checkpoint(ckpt: str | Path) -> tuple[dict, dict]:
+    """The full fp32 weights of a DeepSpeed checkpoint written by the run's trainer (stages/trainer.py
+    save_checkpoint) and what it says of itself ({version, step, zero_stage, tag}); no Ray, no process group.
+
+    ZeRO 1-3 keep the fp32 master weights partitioned in the optimizer states: DeepSpeed's zero_to_fp32 joins them
+    (and restores tied parameters). ZeRO 0 saves the module itself in mp_rank_00_model_states.pt."""
+    import torch
+
+    ckpt = Path(ckpt)
+    tag = checkpoint_tag(ckpt)
+    if tag is None:
+        raise FileNotFoundError(f"no DeepSpeed checkpoint in {ckpt} (no 'latest' file)")
+    states = torch.load(ckpt / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    ours = states.get("rlflow", {})  # stages/trainer.py _CLIENT_KEY: {"version", "client": {"step"}}
+    zero = int(((states.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", 0))
+    info = {"version": ours.get("version"), "step": (ours.get("client") or {}).get("step"), "zero_stage": zero, "tag": tag}
+    if zero >= 1:
+        from deepspeed.utils.zero_to_fp32 import (
+            get_fp32_state_dict_from_zero_checkpoint,
+        )
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
+    else:
+        state = states["module"]
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, info
+
+
+# ---------------------------------------------------------------------------------------------- during a run
+class RunExports:
+    """A run's exports of its published weights: `<run dir>/export/` at the end, `export/step-<N>/` every
+    `save_every` steps. Step exports are written by a background thread (training goes on); `final` waits for
+    them, then writes its own."""
+
+    def __init__(self, run_dir: Path, model_dir: str, plan: dict, save_every: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.root, self.model_dir, self.plan, self.save_every = Path(run_dir) / "export", model_dir, plan, save_every
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="export")
+        self.jobs: list = []
+
+    def _write(self, published, step: int, out: Path) -> Path:
+        import ray
+
+        state = ray.get(published.ref[0])  # zero-copy views into the object store
+        info = {"pipeline": self.plan["name"], "step": step, "version": published.version,
+                "checksum": published.checksum, "from": "published weights", "run_dir": str(self.root.parent)}
+        return write(state, self.model_dir, out, info=info, plan=self.plan)
+
+    def step(self, step: int, published) -> bool:
+        """Export `step`'s weights into export/step-<N>/ in the background when save_every says so."""
+        if not self.save_every or step % self.save_every or published is None:
+            return False
+        self.jobs.append(self.pool.submit(self._write, published, step, self.root / f"step-{step}"))
+        return True
+
+    def final(self, step: int, published) -> Path:
+        """Export into export/ (after the step exports in flight); returns the directory."""
+        self.wait()
+        return self._write(published, step, self.root)
+
+    def wait(self) -> None:
+        """Until the step exports in flight are written (one that failed raises here)."""
+        jobs, self.jobs = self.jobs, []
+        for job in jobs:
+            job.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
