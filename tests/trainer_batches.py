@@ -41,6 +41,12 @@ def completion_logprobs(model, traj, temperature=1.0):
     return grpo.token_logprobs(logits, torch.tensor(traj.completion_ids), temperature)
 
 
+def mean_logprob(model, batch, rewarded: bool) -> float:
+    """Mean summed completion log-prob under `model` of the batch's rewarded (or unrewarded) trajectories."""
+    return sum(completion_logprobs(model, t).sum().item() for t in batch if (t.reward == 1.0) == rewarded) / sum(
+        1 for t in batch if (t.reward == 1.0) == rewarded)
+
+
 def make_batch(model, n_groups=4, seed=0, temperature=1.0, max_len=11):
     """Groups of GROUP random completions of varied length, on-policy behaviour log-probs, toy reward."""
     rng = random.Random(seed)

@@ -92,10 +92,12 @@ class TrainerWorker:
         # each rank materialises the shipped model on its own node (rank 0 passed the shipment on, not its path)
         self.trainer = DeepSpeedTrainer(local_model_dir(model_dir), deepspeed_config, **trainer_kwargs)  # joins the process group
 
-    def _all(self, method: str, *args, own):
-        """Call `method` on every other rank, run `own()` here meanwhile, and return [own result, *theirs].
-        A rank that died takes this one down with it (the driver then reports the trainer dead)."""
-        refs = [getattr(p, method).remote(*args) for p in self.peers]
+    def _all(self, method: str, *args, own, peer_args: list[tuple] | None = None):
+        """Call `method` on every other rank (with `args`, or with rank r's own `peer_args[r - 1]`), run `own()`
+        here meanwhile, and return [own result, *theirs]. A rank that died takes this one down with it (the
+        driver then reports the trainer dead)."""
+        calls = peer_args if peer_args is not None else [args] * len(self.peers)
+        refs = [getattr(p, method).remote(*a) for p, a in zip(self.peers, calls)]
         try:
             mine = own()
             return [mine, *ray.get(refs, timeout=RANK_CALL_TIMEOUT_S)]
@@ -140,16 +142,8 @@ class TrainerWorker:
             trajectories.append(t)
         check_batch(trajectories, group_size)
         shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size)
-        refs = [p.train_shard.remote(s) for p, s in zip(self.peers, shards[1:])]
-        try:
-            mine = self.trainer.train_shard(shards[0])
-            metrics = merge_rank_metrics([mine, *ray.get(refs, timeout=RANK_CALL_TIMEOUT_S)])
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, RuntimeError) as err:
-            if not self.peers:
-                raise
-            print(f"trainer rank 0: another rank failed during the step ({type(err).__name__}: {err}); "
-                  "the trainer stops", flush=True)
-            ray.actor.exit_actor()
+        metrics = merge_rank_metrics(self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
+                                               peer_args=[(shard,) for shard in shards[1:]]))
         metrics["sync_s"] = self.publish(version + 1)
         metrics["ranks"] = self.world_size
         return metrics

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_batches import GROUP, build_tiny_llama, completion_logprobs, load_hf, make_batch
+from trainer_batches import GROUP, build_tiny_llama, load_hf, make_batch, mean_logprob
 
 pytestmark = pytest.mark.gpu
 ZERO1 = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "zero_optimization": {"stage": 1},
@@ -65,10 +65,7 @@ def test_trainer_learns_on_the_gpu(dtype, tmp_path):
     finally:
         tr.close()
 
-    def mean_logprob(model, rewarded):
-        return np.mean([completion_logprobs(model, t).sum().item() for t in batch if (t.reward == 1.0) == rewarded])
-
-    assert mean_logprob(trained, True) > mean_logprob(initial, True) + 0.5
+    assert mean_logprob(trained, batch, True) > mean_logprob(initial, batch, True) + 0.5
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a 2-rank NCCL trainer needs two GPUs")

@@ -10,9 +10,9 @@ from rlflow.stages.trajectory import Trajectory
 from trainer_batches import (
     GROUP,
     build_tiny_llama,
-    completion_logprobs,
     load_hf,
     make_batch,
+    mean_logprob,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,11 +40,8 @@ def test_training_raises_the_logprob_of_rewarded_completions(model_dir, stage):
     finally:
         tr.close()
 
-    def mean_logprob(model, rewarded):
-        return np.mean([completion_logprobs(model, t).sum().item() for t in batch if (t.reward == 1.0) == rewarded])
-
-    assert mean_logprob(trained, True) > mean_logprob(initial, True) + 0.5
-    assert mean_logprob(trained, False) < mean_logprob(initial, False)
+    assert mean_logprob(trained, batch, True) > mean_logprob(initial, batch, True) + 0.5
+    assert mean_logprob(trained, batch, False) < mean_logprob(initial, batch, False)
     assert [m["version"] for m in metrics] == [1, 2, 3, 4]
     first = metrics[0]
     assert first["tokens"] == sum(len(t.completion_ids) for t in batch)
