@@ -96,30 +96,34 @@ def _read_file(path: str):
 
 
 def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
-    """The first `size` distinct prompts of a task's held-out rows, in source order, as {"prompt", "answer", "row"}.
+    """The first `size` held-out rows, in source order, as {"prompt", "answer", "row"}.
 
     task: {"source", "holdout" (fraction or None: every row of `source` is held out, a data.eval file), "limit",
-    "prompt_field", "answer_field"}. A built-in task is generated exactly as prompt_source.py generates it
-    (same seed and count), so a fraction names the very rows training skips."""
+    "prompt_field", "answer_field"}. A built-in task is generated as prompt_source.py generates it (same seed),
+    so a fraction names the very rows training skips; without a `limit` the generator runs on past the
+    training rows until `size` held-out rows are found (their prompts hash as held out, so none is trained on).
+    A prompt that recurs is kept each time: the held-out set has the task's own mix (deduplicating would
+    over-weight rare prompts; on `repeat` those are the long answers, which cut greedy accuracy from 36% to
+    15% at the warm start)."""
     from rlflow import registry
     from rlflow.runtime.prompt_source import BUILTIN_TASK_ROWS
 
     src, frac = task["source"], task.get("holdout")
     pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
     if src.startswith("builtin:"):
-        rows = iter(registry.resolve("task", src)(seed=seed, count=task.get("limit") or BUILTIN_TASK_ROWS))
+        count = task.get("limit") or max(BUILTIN_TASK_ROWS, math.ceil(2 * size / (frac or 1)))
+        rows = iter(registry.resolve("task", src)(seed=seed, count=count))
     else:
         rows = _read_file(src)
-    out, seen = [], set()
+    out = []
     for n, row in enumerate(rows):
         if task.get("limit") and n >= task["limit"]:
             break
         if row.get(pf) is None or row.get(af) is None:
             continue
         prompt = str(row[pf])
-        if prompt in seen or (frac is not None and not held_out(prompt, frac)):
+        if frac is not None and not held_out(prompt, frac):
             continue
-        seen.add(prompt)
         out.append({"prompt": prompt, "answer": str(row[af]), "row": json.loads(json.dumps(row, default=str))})
         if len(out) >= size:
             break

@@ -34,11 +34,16 @@ def test_held_out_is_deterministic_and_near_the_fraction():
 
 def test_held_out_rows_are_exactly_the_rows_training_skips():
     task = {"source": "builtin:repeat", "holdout": 0.2, "limit": None, "prompt_field": "prompt", "answer_field": "answer"}
-    rows = held_out_rows(task, size=10_000, seed=0)
-    generated = {r["prompt"] for r in repeat(seed=0, count=4096)}
-    assert {r["prompt"] for r in rows} == {p for p in generated if held_out(p, 0.2)}
-    assert len({r["prompt"] for r in rows}) == len(rows)  # distinct prompts
+    generated = [r["prompt"] for r in repeat(seed=0, count=4096)]
+    expected = [p for p in generated if held_out(p, 0.2)]
+    rows = held_out_rows(task, size=len(expected), seed=0)
+    assert [r["prompt"] for r in rows] == expected  # in source order, a recurring prompt each time it recurs
+    assert len(set(expected)) < len(expected)  # (repeat does repeat its short prompts)
     assert held_out_rows(task, size=5, seed=0) == rows[:5]  # the first rows, in source order
+    # more rows than the training source's 4096 hold: the generator runs on; none of them is trained on
+    more = held_out_rows(task, size=2 * len(expected), seed=0)
+    assert len(more) == 2 * len(expected) and more[: len(expected)] == rows
+    assert all(held_out(r["prompt"], 0.2) for r in more)
 
 
 def test_held_out_rows_from_a_file_take_every_row(tmp_path):
