@@ -88,8 +88,8 @@ class HFEngine(RolloutEngine):
             max_model_len=max_model_len,
             stop=stop,
         )
+        from rlflow.stages.hf_quiet import no_progress_bars
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -99,11 +99,8 @@ class HFEngine(RolloutEngine):
         # auto: the GPU when this process has one (a Ray actor sees only the GPUs its num_gpus reserved)
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        hf_logging.disable_progress_bar()  # no "Loading weights" bar in every actor's log
-        try:
+        with no_progress_bars():  # no "Loading weights" bar in every actor's log
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
-        finally:
-            hf_logging.enable_progress_bar()
         self.model = model.to(self.device).eval()
         self.model.requires_grad_(False)
         limit = getattr(self.model.config, "max_position_embeddings", None)

@@ -31,6 +31,7 @@ from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
+from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.train_sink import TrainSink
 from rlflow.runtime.watchdog import STALL_FACTOR, RunStalled, Watchdog
 from rlflow.runtime.weight_sync import WeightSync
@@ -48,7 +49,7 @@ RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledg
 class Run:
     """Executes one plan; `run()` returns the per-step history."""
 
-    def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print):
+    def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print, clock: RunClock | None = None):
         # absolute: actors (the trainer writes the checkpoint) need not share the driver's working directory
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = dict(plan["control"]["staleness"])
@@ -58,6 +59,7 @@ class Run:
         self.events: queue.Queue = queue.Queue()
         self.tracker_run_id = None
         self.metrics = Metrics(plan, log=log)
+        self.clock = clock or RunClock()  # start-up timeline and the loop's own cost (run_clock.py)
         self.trainer_dead = False
         self.restored: list[str] = []  # buffered groups a resume put back (not generated again)
         self.ledger_before: dict = {}  # the ledger's counts when a resume found it
@@ -69,6 +71,7 @@ class Run:
         from rlflow.runtime.model import prepare_model
         from rlflow.runtime.prompt_source import PromptSource
         from rlflow.runtime.reward_stream import RewardStream
+        from rlflow.runtime.tracking import Tracker
         from rlflow.runtime.trajectory_store import TrajectoryStore
 
         plan = self.plan
@@ -76,6 +79,7 @@ class Run:
             if d not in sys.path:
                 sys.path.insert(0, d)
         model_dir = str(prepare_model(plan, log=self.log))
+        self.clock.mark("model")
         actors = {a["role"]: a for a in plan["actors"]}
         self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
         self.weights = WeightSync(actors["parameter_server"], CALL_TIMEOUT_S)
@@ -106,9 +110,14 @@ class Run:
         self.exports = RunExports(self.out_dir, model_dir, plan, save_every)  # export/step-<N>/, and export/ at the end
         if state:
             self._restore(state, resumed)
-        refs = [r for f in self.fleets for r in f.ready_refs()] + [self.sink.actor.ready.remote()] + self.evals.ready_refs()
-        self._get(refs, START_TIMEOUT_S, "the rollout instances and the trainer to start")
+        starting = {"rollout": [r for f in self.fleets for r in f.ready_refs()], "trainer": [self.sink.actor.ready.remote()],
+                    "evaluator": self.evals.ready_refs()}
+        self.clock.mark("actors_created")
+        self.tracker = Tracker(self.plan, run_id=self.tracker_run_id)  # MLflow's set-up overlaps the actors' start
+        self.clock.mark("tracker")
+        self._await_ready(starting)
         self._get(self.sink.actor.publish.remote(self.step), CALL_TIMEOUT_S, "the trainer to publish the initial weights")
+        self.clock.mark("publish")
         self.weights.refresh()
         if self.step:
             for f in self.fleets:
@@ -117,6 +126,21 @@ class Run:
             self.evals.submit(0, self.weights.ref, self._submit)  # the starting point of the accuracy curve
         for s in self.streams:
             s.start(self.events)
+
+    def _await_ready(self, starting: dict[str, list]) -> None:
+        """Wait for every actor's ready() (they start concurrently); note when each role's last one was ready."""
+        pending = {ref: role for role, refs in starting.items() for ref in refs}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                roles = sorted(set(pending.values()))
+                raise RunStalled(f"waited {START_TIMEOUT_S:.0f} s for the {' and '.join(roles)} actors to start; "
+                                 "see the Ray logs above")
+            role = pending.pop(ready[0])
+            ray.get(ready[0])  # an actor whose constructor failed raises here
+            if role not in pending.values():
+                self.clock.mark(role)
 
     @staticmethod
     def _get(refs, timeout_s: float, what: str):
@@ -135,14 +159,13 @@ class Run:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict]:
-        from rlflow.runtime.tracking import Tracker
-
         try:
             self._start()
         except BaseException:
+            if getattr(self, "tracker", None) is not None:
+                self.tracker.end("FAILED")
             self._end_actors()  # a failed start (a bad data file, an engine that cannot load) leaves nothing behind
             raise
-        self.tracker = Tracker(self.plan, run_id=self.tracker_run_id)
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         for f in self.fleets:
             self.log(f"{f.stage}: {f.coordination.describe()}" + (f"; {f.dispatch.describe()}" if f.dispatch else ""))
@@ -154,12 +177,17 @@ class Run:
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
+                t0 = time.perf_counter()
                 for f in self.fleets:
                     f.coordinate(self.weights.version, self.weights.ref)
                     f.send(self._submit)
                 if self.sink.ref is None and self.buffer.ready():
                     self._consume()
-                self._handle(self._next_event())
+                t1 = time.perf_counter()
+                event = self._next_event()
+                t2 = time.perf_counter()
+                self._handle(event)
+                self.clock.busy((t1 - t0) + (time.perf_counter() - t2))  # all but the wait for the event
             status = "FINISHED" if not self.stop_requested else "KILLED"
         except RunFailed as err:
             self.log(f"run stopped: {err}")
@@ -225,6 +253,7 @@ class Run:
 
     def _on_rewarded(self, stage: str, batch: dict) -> None:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
+        self.clock.mark("first_scored")
         for task, scored in self.buffer.rewarded_batch(batch):
             self.metrics.rewarded(task, scored)
 
@@ -251,9 +280,14 @@ class Run:
         row.update({f"ledger_{k}": v for k, v in ledger.items()})
         row.update(consumed=ledger.get("trained", 0), filtered=ledger.get("filtered", 0), dropped=ledger.get("dropped", 0),
                    aborted=ledger.get("aborted", 0), admitted=sum(v for k, v in ledger.items() if k != "drawn"))
+        row.update(self.clock.steady())  # control_share, driver_cpu_share (from step 2 on)
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
             self.metrics.progress(row)
+        if self.clock.marks.get("first_step") is None:
+            self.clock.first_step_done()
+            self.log(self.clock.describe())
+            self.tracker.log_metrics({f"startup/{k}_s": v for k, v in self.clock.marks.items()}, 0)
         if self.evals.due(self.step):
             self.evals.submit(self.step, self.weights.ref, self._submit)
         self.exports.step(self.step, self.weights.ref)
@@ -380,4 +414,5 @@ class Run:
         return self.metrics.staleness_all
 
     def summary(self) -> dict:
-        return self.metrics.summary(self.buffer.counters, self.counts, self.tracker.run_id, self._recall())
+        return self.metrics.summary(self.buffer.counters, self.counts, self.tracker.run_id, self._recall()) | {
+            "startup_s": dict(self.clock.marks), **self.clock.steady()}

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import secrets
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -199,11 +200,17 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
            root: Path = RUNS_DIR) -> dict:
     """Run the plan to completion (or Ctrl-C); returns the run summary. `resume`: False (a new run), True or
     LATEST (the newest run of this pipeline with a checkpoint), or a run id / run directory."""
+    from rlflow.runtime.run_clock import RunClock
+
+    clock = RunClock()  # the start-up timeline counts from here (run_clock.py)
     run_dir = find_run(plan, LATEST if resume is True else resume, root, log=log) if resume else None
     preflight(plan)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI codes around worker log prefixes in a log file
+        sys.stdout.reconfigure(line_buffering=True)  # one progress line at a time in a log, not a block later
     quiet = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     for k, v in quiet.items():
         os.environ.setdefault(k, v)
@@ -232,11 +239,12 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
             ray.init(num_cpus=cluster["num_cpus"] or _logical_cpus(plan), num_gpus=cluster["num_gpus"],
                      resources=embedded_resources(plan) or None, include_dashboard=False, runtime_env=env,
                      log_to_driver=True)
+    clock.mark("ray")
     try:  # a cluster that cannot place the plan's stages fails here, before a run directory exists
         check_cluster(plan, ray.nodes(), f"the Ray cluster at {address}" if address else "the embedded Ray cluster")
         out_dir = run_dir or new_run_dir(plan, root)
         log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
-        run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log)
+        run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log, clock=clock)
     except BaseException:
         if started:
             ray.shutdown()

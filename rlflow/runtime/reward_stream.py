@@ -37,8 +37,16 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
-from rlflow.runtime.reward_call import (REWARD_TIMEOUT_S, TIMEOUTS_IN_A_ROW, FailureRate, RewardTimeout, TimedCall,
-                                        as_reward, filter_verdict, reward_caller)
+from rlflow.runtime.reward_call import (
+    REWARD_TIMEOUT_S,
+    TIMEOUTS_IN_A_ROW,
+    FailureRate,
+    RewardTimeout,
+    TimedCall,
+    as_reward,
+    filter_verdict,
+    reward_caller,
+)
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
 MAX_GROUPS_PER_PULL = 16  # the most groups one bundle (row) holds
@@ -94,12 +102,15 @@ def one_row_per_block():
     tests/integration/test_streams.py::test_group_flows_while_stream_open.
     """
     ctx = DataContext.get_current()
-    saved = (ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start)
+    saved = (ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start,
+             ctx.issue_detectors_config.detectors)
     ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start = 1, False, False
+    ctx.issue_detectors_config.detectors = []  # no "uses 108 MiB per worker" advice every 30 s (#15)
     try:
         yield
     finally:
-        ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        (ctx.target_max_block_size, ctx.enable_progress_bars, ctx.print_on_execution_start,
+         ctx.issue_detectors_config.detectors) = saved
 
 
 def _each_group(bundles: pa.Table):

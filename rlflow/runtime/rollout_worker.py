@@ -23,6 +23,7 @@ def one_thread() -> None:
     DeepSpeed that pick the GPU when there is one honour num_gpus: 0)."""
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's choice anyway, without its warning
     # PLATFORM-NOTES: two threads per process on shared cores make step times jump 20x.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -108,7 +108,7 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     made = []
 
     class FakeRun:
-        def __init__(self, plan, *, out_dir, resume, log):
+        def __init__(self, plan, *, out_dir, resume, log, clock=None):
             made.append((Path(out_dir), resume))
             self.stop_requested = False
 
