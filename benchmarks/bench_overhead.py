@@ -94,8 +94,8 @@ def main() -> None:
                   f"exit {results[-1]['exit_s']:.1f} s", flush=True)
     command = " ".join(["python benchmarks/bench_overhead.py", *sys.argv[1:]])
     out = [f"# Overhead: start-up, exit and the control plane (`{args.pipeline}`)", "",
-           f"`{command}` on {platform.machine()}, {os.cpu_count()} CPUs, one run at a time. Times in seconds since "
-           "`rlflow run` began launching; control and driver CPU over the steady state (after the first step).", "",
+           (f"`{command}` on {platform.machine()}, {os.cpu_count()} CPUs, one run at a time. Times in seconds since "
+            "`rlflow run` began launching; control and driver CPU over the steady state (after the first step)."), "",
            *table(results)]
     print("\n".join(out))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
