@@ -76,20 +76,19 @@ def model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 def load_gguf(path: str | os.PathLike | None = None):
     """(model, tokenizer) loaded from the GGUF file by transformers: fp32, dequantized, still marked quantized."""
     import torch
+    from rlflow.stages.hf_quiet import no_progress_bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    from transformers.utils import logging as hf_logging
 
     path = Path(path) if path is not None else gguf_path()
     bar = getattr(gguf_utils, "tqdm", None)
-    hf_logging.disable_progress_bar()
-    if bar is not None:  # its "de-quantizing" bar is a plain tqdm that ignores the setting above
+    if bar is not None:  # its "de-quantizing" bar is a plain tqdm that ignores no_progress_bars()
         gguf_utils.tqdm = lambda items, **kwargs: items
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        with no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     finally:
-        hf_logging.enable_progress_bar()
         if bar is not None:
             gguf_utils.tqdm = bar
     return model.eval(), tokenizer
@@ -99,9 +98,9 @@ def save_hf(model, tokenizer, out: str | os.PathLike) -> Path:
     """Save a GGUF-loaded model as a plain HF directory: its weights copied into a fresh LlamaForCausalLM (same
     config without the GGUF quantization entry), safetensors, tokenizer with its chat template."""
     import torch
+    from rlflow.stages.hf_quiet import no_progress_bars
     from rlflow.stages.tiny_model import _portable_tokenizer_class
     from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
 
     out = Path(out)
     config = model.config.to_dict()
@@ -117,11 +116,8 @@ def save_hf(model, tokenizer, out: str | os.PathLike) -> Path:
         fresh.tie_weights()
     fresh.generation_config = model.generation_config
     fresh.to(torch.float32).eval()
-    hf_logging.disable_progress_bar()
-    try:
+    with no_progress_bars():
         fresh.save_pretrained(out, safe_serialization=True)
-    finally:
-        hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     _portable_tokenizer_class(out / "tokenizer_config.json")
     return out

@@ -140,7 +140,6 @@ def build_tiny_llama(
 def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progress) -> None:
     """Train tokenizer, init, warm-start, evaluate and save into `out`."""
     import torch
-
     from rlflow.stages.tokenizer import train_tokenizer
 
     started = time.perf_counter()
@@ -166,13 +165,10 @@ def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progres
         f"tiny-llama[{task}]: exact match on {len(held_out)} held-out prompts: greedy {greedy:.1%}, "
         f"sampled(T=1) {sampled:.1%}; built in {seconds:.0f} s"
     )
-    from transformers.utils import logging as hf_logging
+    from rlflow.stages.hf_quiet import no_progress_bars
 
-    hf_logging.disable_progress_bar()  # no "Writing model shards" bar between the progress lines
-    try:
+    with no_progress_bars():  # no "Writing model shards" bar between the progress lines
         model.save_pretrained(out, safe_serialization=True)
-    finally:
-        hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     _portable_tokenizer_class(out / "tokenizer_config.json")
     report = {"task": task, "seed": seed, "settings": asdict(settings), "final_loss": loss, "accuracy_greedy": greedy,
@@ -261,7 +257,6 @@ def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int):
 def accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, *, temperature: float, seed: int = 0) -> float:
     """Exact-match rate of completions sampled at `temperature` (0 = greedy), batched with left padding."""
     import torch
-
     from rlflow.stages.rewards import exact_match
 
     prompts = [encode_row(tokenizer, r)[0] for r in rows]
