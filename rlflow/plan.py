@@ -107,7 +107,9 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
-        trainer_kwargs = {"lr": s.lr, "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
+        trainer_kwargs = {"lr": s.lr, "lr_schedule": {"kind": s.lr_schedule, "warmup_steps": s.lr_warmup_steps,
+                                                          "min_ratio": s.lr_min_ratio, "total_steps": s.steps},
+                          "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
                           "max_importance_ratio": s.max_importance_ratio, "off_policy": s.off_policy, "tis_cap": s.tis_cap,
                           "mask_low": s.mask_low, "mask_high": s.mask_high,
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)

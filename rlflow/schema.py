@@ -243,6 +243,14 @@ class TrainStage(Strict):
     """Training steps to run."""
     lr: Annotated[float, Field(gt=0)] = 1e-5
     """Learning rate."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """constant: `lr` throughout (after any warmup). cosine: from `lr` down to lr_min_ratio x lr at the last step:
+    steadier late steps when a run is long enough to overshoot at a constant rate. Set per optimizer step from the
+    trainer's version (stages/trainer.py lr_factor), so a resumed run continues the schedule; logged as `lr`."""
+    lr_warmup_steps: NonNegInt = 0
+    """Steps of linear warmup from 0 to `lr` (0: none)."""
+    lr_min_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """lr_schedule cosine: the final learning rate as a fraction of `lr`."""
     clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
     """PPO ratio clip below 1 (1 - clip_low)."""
     clip_high: Annotated[float, Field(gt=0)] = 0.28

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import socket
 import time
@@ -98,6 +99,29 @@ def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: in
     return cfg
 
 
+def lr_factor(schedule: dict | None, step: int) -> float:
+    """The learning rate of optimizer step `step` (0-based) as a fraction of the stage's `lr`.
+
+    schedule: {"kind": "constant"|"cosine", "warmup_steps": W, "min_ratio": m, "total_steps": T} (None: constant).
+    Warmup: (step + 1) / W for the first W steps, so the first step already moves. Cosine: from 1 after warmup
+    down to m at the last step, T - 1. Set by hand before each optimizer step from the trainer's version (which
+    the checkpoint keeps), not by a DeepSpeed scheduler: DeepSpeed's run their first step at a rate of 0.
+    """
+    if not schedule:
+        return 1.0
+    kind, warmup = schedule.get("kind", "constant"), int(schedule.get("warmup_steps", 0))
+    if step < warmup:
+        return (step + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    if kind == "cosine":
+        span = max(1, int(schedule["total_steps"]) - 1 - warmup)
+        progress = min(1.0, (step - warmup) / span)
+        low = float(schedule.get("min_ratio", 0.1))
+        return low + (1.0 - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr_schedule kind must be 'constant' or 'cosine', got {kind!r}")
+
+
 class DeepSpeedTrainer:
     """A causal LM under a DeepSpeed engine, updated by GRPO with decoupled PPO for stale trajectories."""
 
@@ -121,6 +145,7 @@ class DeepSpeedTrainer:
         seed: int = 0,
         pad_token_id: int | None = None,
         dtype: str = "float32",
+        lr_schedule: dict | None = None,
     ):
         import deepspeed
         from transformers import AutoModelForCausalLM
@@ -153,6 +178,10 @@ class DeepSpeedTrainer:
 
         _init_distributed()
         cfg = _engine_config(deepspeed_config, lr, micro_batch_size, dtype)
+        self.lr, self.lr_schedule = lr, lr_schedule
+        if "scheduler" in cfg and lr_schedule and (lr_schedule.get("kind") != "constant" or lr_schedule.get("warmup_steps")):
+            raise ValueError("the DeepSpeed config has a 'scheduler' and the train stage sets lr_schedule/lr_warmup_steps; "
+                             "keep one (remove 'scheduler' from the DeepSpeed config to use the stage's)")
         self.micro_batch_size = int(cfg["train_micro_batch_size_per_gpu"])
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         # Dropout off for good: the ratio and importance weights compare log-probs of the same weights.
@@ -259,6 +288,10 @@ class DeepSpeedTrainer:
             if mb.mask.sum() > 0:
                 weight_max = max(weight_max, stats["importance_weight_max"])
         grad_norm = self._grad_norm_stage0() if self.engine.zero_optimization_stage() == 0 else None
+        lr = self.lr * lr_factor(self.lr_schedule, self.version)
+        if self.lr_schedule and self.engine.lr_scheduler is None:
+            for group in self.engine.optimizer.param_groups:
+                group["lr"] = lr
         self.engine.step()
         self.version += 1
         if grad_norm is None:
@@ -272,6 +305,7 @@ class DeepSpeedTrainer:
             "micro_batches": len(batches),
             "step_time_s": time.perf_counter() - t0,
             "version": self.version,
+            "lr": lr,
         }
 
     def _grad_norm_stage0(self) -> float:

@@ -59,6 +59,7 @@ class Run:
         self.events: queue.Queue = queue.Queue()
         self.tracker_run_id = None
         self.metrics = Metrics(plan, log=log)
+        self.log = self.metrics.log  # on a terminal, messages end the progress bar's line first
         self.clock = clock or RunClock()  # start-up timeline and the loop's own cost (run_clock.py)
         self.trainer_dead = False
         self.restored: list[str] = []  # buffered groups a resume put back (not generated again)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import time
 
+from rlflow.runtime.progress import Progress
+
 
 def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
@@ -17,8 +19,11 @@ def _mean(xs) -> float | None:
 
 class Metrics:
     def __init__(self, plan: dict, log=print):
-        self.plan, self.log = plan, log
         self.steps = next(a for a in plan["actors"] if a["role"] == "trainer")["steps"]
+        # to stdout: a bar with the ETA on a terminal, a line per step in a log (progress.py); every other message
+        # of the run goes through `self.log` so it never lands on the end of a bar drawn in place
+        self.out = Progress(self.steps) if log is print else None
+        self.plan, self.log = plan, (self.out.message if self.out else log)
         self.history: list[dict] = []
         self.staleness_all: list[int] = []
         self.scored: dict[str, list[float]] = {}  # task -> rewards scored since the last step
@@ -101,11 +106,15 @@ class Metrics:
 
         tasks = sorted({k.split("/")[1] for k in row if k.startswith("task/")})
         per_task = "  ".join(f"{t} {f(row[f'task/{t}/reward_all_mean'])}" for t in tasks) if len(tasks) > 1 else ""
-        self.log(f"step {row['step']:>3}/{self.steps}  reward {f(row['reward_all_mean'])} (trained {f(row['reward_mean'])})"
-                 f"{'  [' + per_task + ']' if per_task else ''}  loss {row.get('loss', 0):+.4f}  "
-                 f"staleness mean {row['staleness_mean']:.2f} max {row['staleness_max']}  "
-                 f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s"
-                 + (f"  eval acc {self.evals[-1]['eval/accuracy']:.3f} (step {self.evals[-1]['step']})" if self.evals else ""))
+        text = (f"step {row['step']:>3}/{self.steps}  reward {f(row['reward_all_mean'])} (trained {f(row['reward_mean'])})"
+                f"{'  [' + per_task + ']' if per_task else ''}  loss {row.get('loss', 0):+.4f}  "
+                f"staleness mean {row['staleness_mean']:.2f} max {row['staleness_max']}  "
+                f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s"
+                + (f"  eval acc {self.evals[-1]['eval/accuracy']:.3f} (step {self.evals[-1]['step']})" if self.evals else ""))
+        if self.out:
+            self.out.step(row["step"], text)
+        else:
+            self.log(text)
 
     def summary(self, counters, counts: dict, run_id: str, recall: float | None) -> dict:
         h = [r for r in self.history if r["reward_all_mean"] is not None]

@@ -10,6 +10,8 @@ Rows: one row is one pull, a bundle of whole groups (column `groups`, a list of 
 needs whole groups and the reward is per trajectory; bundling keeps per-block overhead off each group (a block
 per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
+Where it runs: a StreamHost actor holds the Dataset and iterates it, so Ray Data's streaming executor runs in that
+actor's process, not the driver's; the driver's RewardStream forwards the host's events with a long poll.
 Output: `start(out)` puts ("rewarded", stage, batch) per bundle, where batch is a dict of equal-length lists,
 one entry per trajectory, whole groups only: group_id, traj_id, task, reward (float; nan when it failed),
 reward_error ("" or why it failed), kept (the group filter's verdict for the member's group), v_min and v_max
@@ -192,14 +194,11 @@ def per_trajectory(bundles: pa.Table) -> dict:
     return out
 
 
-class RewardStream:
-    """Reward stage `stage` as Ray Data operators over the store's queue for it; `start(out)` delivers batches."""
+class StreamRunner:
+    """The Ray Data stream of one reward stage, iterated in the process that holds it (StreamHost's, see below)."""
 
     def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
                  source: str = "the pipeline", resources: dict | None = None):
-        registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
-        if filter_fn:
-            registry.resolve("filter", filter_fn)
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # the run prints its own progress
         self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
         self.failures = FailureRate(stage)
@@ -257,3 +256,80 @@ class RewardStream:
             ray.get(self.store.end_stage.remote(self.stage), timeout=CLOSE_TIMEOUT_S)
         if self._thread is not None:
             self._thread.join(CLOSE_TIMEOUT_S)
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class StreamHost:
+    """Holds a StreamRunner, so Ray Data's streaming executor (a 0.1 s scheduling loop and a 10 ms output poll,
+    about 15-20% of a core here, #15) runs in this actor's process instead of the driver's. The driver takes
+    the events with `next`, a long poll: one call per batch, or one per NEXT_WAIT_S when nothing happens."""
+
+    def __init__(self, store, kwargs: dict):
+        self.events: queue.Queue = queue.Queue()
+        self.runner = StreamRunner(store, **kwargs)
+        self.runner.start(self.events)
+
+    def next(self, wait_s: float) -> list:
+        """The events so far, waiting up to `wait_s` for the first; [] when none came."""
+        try:
+            got = [self.events.get(timeout=wait_s)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                got.append(self.events.get_nowait())
+            except queue.Empty:
+                return got
+
+    def block_sizes(self) -> tuple[int, int | None]:
+        """(the stream dataset's target_max_block_size, this process's default): 1 and not 1 (one_row_per_block)."""
+        return self.runner.dataset.context.target_max_block_size, DataContext.get_current().target_max_block_size
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+NEXT_WAIT_S = 2.0  # the driver's long poll on StreamHost.next
+
+
+class RewardStream:
+    """Reward stage `stage` as Ray Data operators over the store's queue for it, run by a StreamHost actor;
+    `start(out)` forwards its batches and errors to the driver's queue `out`."""
+
+    def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
+                 source: str = "the pipeline", resources: dict | None = None):
+        registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
+        if filter_fn:
+            registry.resolve("filter", filter_fn)
+        self.stage = stage
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.host = StreamHost.remote(store, {
+            "stage": stage, "reward_fn": reward_fn, "filter_fn": filter_fn, "concurrency": concurrency,
+            "num_cpus": num_cpus, "source": source, "resources": resources})
+
+    def start(self, out: queue.Queue) -> None:
+        self._thread = threading.Thread(target=self._forward, args=(out,), name=f"reward-stream-{self.stage}", daemon=True)
+        self._thread.start()
+
+    def _forward(self, out: queue.Queue) -> None:
+        while not self._closing.is_set():
+            try:
+                events = ray.get(self.host.next.remote(NEXT_WAIT_S), timeout=NEXT_WAIT_S + CLOSE_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - a dead or stuck host ends the stream; the driver hears of it
+                if not self._closing.is_set():
+                    out.put(("error", self.stage, RuntimeError(
+                        f"reward stream '{self.stage}' stopped: its host actor failed ({type(e).__name__})")))
+                return
+            for event in events:
+                out.put(event)
+
+    def close(self) -> None:
+        """End the stream (the store ends this stage's source, Ray Data finishes), then the host actor."""
+        self._closing.set()
+        with contextlib.suppress(Exception):  # a dead host has nothing left to end
+            ray.get(self.host.close.remote(), timeout=2 * CLOSE_TIMEOUT_S)
+        if self._thread is not None:
+            self._thread.join(NEXT_WAIT_S + CLOSE_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            ray.kill(self.host)  # its Ray Data actors go with it (they are the host's own)

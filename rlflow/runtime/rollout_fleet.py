@@ -18,8 +18,8 @@ from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import RuntimeDispatch
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
-from rlflow.runtime.route_queue import traj_id
 from rlflow.runtime.rollout_worker import RolloutWorker
+from rlflow.runtime.route_queue import traj_id
 from rlflow.runtime.weight_sync import verify_loaded
 from rlflow.stages.trajectory import member_id
 

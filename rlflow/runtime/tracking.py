@@ -44,8 +44,9 @@ class Tracker:
             self.log_json("plan.json", plan)
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         for k, v in metrics.items():

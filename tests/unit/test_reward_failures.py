@@ -12,8 +12,14 @@ import pytest
 
 from rlflow.errors import PipelineInvalid
 from rlflow.runtime import reward_stream
-from rlflow.runtime.reward_call import FailureRate, RewardStageFailing, TimedCall, as_reward, reward_caller
-from rlflow.runtime.reward_stream import RewardStream, Score
+from rlflow.runtime.reward_call import (
+    FailureRate,
+    RewardStageFailing,
+    TimedCall,
+    as_reward,
+    reward_caller,
+)
+from rlflow.runtime.reward_stream import Score, StreamRunner
 
 
 def score_with(fn, timeout_s: float = 5.0, name: str = "mine:fn") -> Score:
@@ -216,7 +222,7 @@ def bundle(n_groups: int, failing: bool, start: int = 0) -> pa.Table:
 
 
 def stream_over(bundles) -> queue.Queue:
-    rs = RewardStream.__new__(RewardStream)
+    rs = StreamRunner.__new__(StreamRunner)
     rs.store, rs.stage, rs.reward_fn, rs.source = FakeStore(), "score", "mine:fn", "p.yaml"
     rs.failures, rs._closing, rs.dataset = FailureRate("score"), threading.Event(), FakeDataset(bundles)
     out: queue.Queue = queue.Queue()
@@ -234,7 +240,7 @@ def drain(out: queue.Queue) -> list:
 def test_stream_stops_its_stage_when_most_trajectories_fail():
     events = drain(stream_over([bundle(8, True, 0), bundle(8, True, 8), bundle(8, True, 16)]))
     assert [e[0] for e in events] == ["rewarded", "rewarded", "error"]  # 64 failed after two bundles: stop there
-    tag, stage, err = events[-1]
+    _tag, stage, err = events[-1]
     assert stage == "score" and isinstance(err, RuntimeError)
     assert str(err).startswith("64 of the last 64 trajectories failed (last: mine:fn raised ValueError: no); ")
 

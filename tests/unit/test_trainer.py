@@ -188,3 +188,32 @@ def test_a_group_short_of_a_failed_member_is_normalised_on_its_own():
     rewards, adv = _advantages(rows)
     assert adv[:3].sum().item() == pytest.approx(0.0, abs=1e-6)
     assert adv[3].item() == pytest.approx(1.0, abs=1e-4) and adv[4].item() == pytest.approx(-1.0, abs=1e-4)
+
+
+def test_lr_schedule_factors_by_hand():
+    from rlflow.stages.trainer import lr_factor
+
+    assert [lr_factor(None, k) for k in (0, 50)] == [1.0, 1.0]
+    warm = {"kind": "constant", "warmup_steps": 4, "total_steps": 10}
+    assert [lr_factor(warm, k) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]  # the first step moves
+    cos = {"kind": "cosine", "warmup_steps": 0, "min_ratio": 0.1, "total_steps": 5}
+    # from 1 at step 0 to min_ratio at the last step (4): 0.1 + 0.9 * (1 + cos(pi * k / 4)) / 2
+    assert [round(lr_factor(cos, k), 4) for k in range(6)] == [1.0, 0.8682, 0.55, 0.2318, 0.1, 0.1]
+
+
+def test_lr_schedule_sets_the_rate_of_each_step_and_resumes_from_the_version(model_dir, tmp_path):
+    schedule = {"kind": "cosine", "warmup_steps": 1, "min_ratio": 0.5, "total_steps": 3}
+    batch = make_batch(load_hf(model_dir))
+    tr = trainer(model_dir, 1, lr=1e-3, lr_schedule=schedule)
+    try:
+        lrs = [tr.train_step(batch, GROUP)["lr"] for _ in range(2)]
+        tr.save_checkpoint(str(tmp_path))
+    finally:
+        tr.close()
+    assert lrs == pytest.approx([1e-3, 1e-3])  # warmup (1 of 1), then the cosine's start
+    again = trainer(model_dir, 1, lr=1e-3, lr_schedule=schedule)
+    try:
+        again.load_checkpoint(str(tmp_path))
+        assert again.train_step(batch, GROUP)["lr"] == pytest.approx(5e-4)  # step 3 of 3: the floor, not a restart
+    finally:
+        again.close()
