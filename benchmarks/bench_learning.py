@@ -29,10 +29,11 @@ RESULTS = ROOT / "benchmarks" / "results" / "learning.md"
 POLICY = re.compile(r"\{from: buffer, +to: train, +policy: \{[^}]*\}\}")
 
 
-def pipeline_text(name: str, mode: str) -> str:
+def pipeline_text(name: str, mode: str, sync_redundancy: int = 0) -> str:
     """The shipped pipeline `name` with the buffer->train policy for `mode`."""
     text = (ROOT / "pipelines" / f"{name}.yaml").read_text()
-    policy = "{kind: barrier}" if mode == "sync" else f"{{kind: staleness_bound, eta: {int(mode)}}}"
+    policy = (f"{{kind: barrier, batch_redundancy: {sync_redundancy}}}" if mode == "sync"
+              else f"{{kind: staleness_bound, eta: {int(mode)}}}")
     text, n = POLICY.subn(f"{{from: buffer, to: train, policy: {policy}}}", text)
     if n != 1:
         sys.exit(f"pipelines/{name}.yaml: expected one buffer->train edge written on one line")
@@ -43,7 +44,7 @@ def run(name: str, mode: str, args, scratch: Path) -> dict:
     """One `rlflow run`; returns {wall_s, curve: [(step, seconds since start, accuracy)], summary}."""
     work = scratch / f"{name}-{mode}"
     work.mkdir(parents=True)
-    (work / "p.yaml").write_text(pipeline_text(name, mode))
+    (work / "p.yaml").write_text(pipeline_text(name, mode, args.sync_redundancy))
     os.symlink(ROOT / "configs", work / "configs")  # the pipelines' relative paths (configs/deepspeed/...)
     sets = [*args.set, *([f"stages.train.steps={args.steps}"] if args.steps else [])]
     log = work / "run.log"
@@ -99,6 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipeline", default="learn_repeat", help="a pipeline in pipelines/ (default: learn_repeat)")
     ap.add_argument("--modes", default="sync,3,10", help="sync and/or staleness bounds η")
+    ap.add_argument("--sync-redundancy", type=int, default=16, metavar="N",
+                    help="sync: extra groups per batch, so the groups a filter drops are covered in one generation round "
+                         "instead of one round each (default 16; 0: a plain barrier, several rounds per step)")
     ap.add_argument("--steps", type=int, default=None, help="default: the pipeline's")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to rlflow compile")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/learning_<pipeline>.md")
@@ -108,7 +112,9 @@ def main() -> None:
         results = {args.pipeline: {mode: run(args.pipeline, mode, args, Path(scratch)) for mode in modes}}
     command = " ".join(["python benchmarks/bench_learning.py", *sys.argv[1:]])
     out = [f"# Learning: held-out accuracy of `{args.pipeline}`, synchronous vs bounded staleness", "",
-           f"`{command}` on {platform.machine()}, {os.cpu_count()} CPUs, one run at a time.", "", *tables(results, modes)]
+           f"`{command}` on {platform.machine()}, {os.cpu_count()} CPUs, one run at a time. "
+           f"Sync is a barrier with batch_redundancy {args.sync_redundancy} (the groups its filter drops are covered "
+           "in the same generation round).", "", *tables(results, modes)]
     print("\n".join(out))
     path = Path(args.out or RESULTS.with_name(f"learning_{args.pipeline}.md"))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ def staleness_control(spec: Pipeline) -> dict:
     policy = next(e.policy for e in spec.edges if e.policy.kind in CONSUME_POLICIES)
     args = {"batch_size": batch, "eta": None, "capacity": None, "batch_redundancy": 0}
     if policy.kind == "barrier":
-        return {"kind": "synchronous", **args, "eta": 0}
+        return {"kind": "synchronous", **args, "eta": 0, "batch_redundancy": policy.batch_redundancy}
     if policy.kind == "one_step":
         return {"kind": "one_step", **args, "eta": 1}
     if policy.kind == "unbounded":

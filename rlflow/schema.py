@@ -338,6 +338,11 @@ class Barrier(Strict):
     """Synchronous: the whole batch is generated with the current weights, then trained (eta = 0)."""
 
     kind: Literal["barrier"]
+    batch_redundancy: NonNegInt = 0
+    """Extra groups admitted per batch, all from the current weights; the surplus is aborted. With a group filter
+    (drop_uniform_groups) a barrier otherwise refills the dropped groups one generation round at a time (several
+    rounds per step); redundancy covers them in the first round. Trains the first groups to finish: shorter
+    completions are favoured, as with StaleFlow's redundancy (§4)."""
 
 
 class StalenessBound(Strict):

@@ -416,4 +416,6 @@ class Run:
 
     def summary(self) -> dict:
         return self.metrics.summary(self.buffer.counters, self.counts, self.tracker.run_id, self._recall()) | {
-            "startup_s": dict(self.clock.marks), **self.clock.steady()}
+            "startup_s": dict(self.clock.marks), **self.clock.steady(),
+            # Ray Data's executor runs in the reward streams' host actors, not the driver (reward_stream.py)
+            "reward_stream_cpu_share": sum(filter(None, (s.cpu_share() for s in getattr(self, "streams", [])))) or None}

@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,21 @@ RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
 STATE_FILE = "state.json"  # the checkpoint's state file, unless rlflow/runtime/checkpoint.py names another
 LATEST = "latest"  # `--resume` with no run named
+
+
+def _import_in_background() -> threading.Thread:
+    """Import what the driver needs next (transformers for the tokenizer, MLflow for the tracker: about 6 s of a
+    run's start-up here, #15) while Ray starts its processes; a later `import` of the same module waits for it."""
+    def work():
+        try:
+            import mlflow  # noqa: F401
+            from transformers import AutoTokenizer  # noqa: F401
+        except Exception:  # noqa: BLE001, S110 - the real import later reports any problem where it matters
+            pass
+
+    t = threading.Thread(target=work, name="rlflow-imports", daemon=True)
+    t.start()
+    return t
 
 
 def _logical_cpus(plan: dict) -> int:
@@ -217,6 +233,8 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     import ray
 
     from rlflow.runtime.driver import Run
+
+    _import_in_background()  # after `import ray` and the driver: ray.init below mostly waits on its processes
 
     cluster = plan["resources"]["cluster"]
     address = address or cluster["address"]

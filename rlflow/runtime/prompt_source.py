@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import random
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ray.data import DataContext
 from rlflow import registry
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.runtime.evaluation import held_out
+from rlflow.runtime.ray_data_quiet import quiet_ray_data
 
 BUILTIN_TASK_ROWS = 4096  # rows generated for a built-in task without a limit
 BATCH_ROWS = 256  # rows per batch fetched into the driver
@@ -226,7 +226,7 @@ class PromptSource:
 
     def __init__(self, tasks: dict[str, dict], tokenizer, *, max_new_tokens: dict[str, int], max_model_len: int,
                  seed: int, source: str, skip: dict[str, int] | None = None):
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # no line per epoch: the run prints its own progress
+        quiet_ray_data()  # the run prints its own progress
         self.tokenizer, self.max_new_tokens, self.max_model_len = tokenizer, max_new_tokens, max_model_len
         self.weights = {name: float(spec.get("weight", 1.0)) for name, spec in tasks.items()}
         self.streams = {name: _TaskRows(name, spec, seed, source) for name, spec in tasks.items()}

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import queue
 import threading
+import time
 import warnings
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
+from rlflow.runtime.ray_data_quiet import quiet_ray_data
 from rlflow.runtime.reward_call import (
     REWARD_TIMEOUT_S,
     TIMEOUTS_IN_A_ROW,
@@ -199,7 +200,7 @@ class StreamRunner:
 
     def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
                  source: str = "the pipeline", resources: dict | None = None):
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # the run prints its own progress
+        quiet_ray_data()  # the run prints its own progress
         self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
         self.failures = FailureRate(stage)
         self._closing = threading.Event()
@@ -265,6 +266,7 @@ class StreamHost:
     the events with `next`, a long poll: one call per batch, or one per NEXT_WAIT_S when nothing happens."""
 
     def __init__(self, store, kwargs: dict):
+        self.started = (time.monotonic(), time.process_time())
         self.events: queue.Queue = queue.Queue()
         self.runner = StreamRunner(store, **kwargs)
         self.runner.start(self.events)
@@ -280,6 +282,10 @@ class StreamHost:
                 got.append(self.events.get_nowait())
             except queue.Empty:
                 return got
+
+    def cpu_share(self) -> float:
+        """This process's CPU time (Ray Data's executor and its threads) over its life, in cores."""
+        return (time.process_time() - self.started[1]) / max(time.monotonic() - self.started[0], 1e-9)
 
     def block_sizes(self) -> tuple[int, int | None]:
         """(the stream dataset's target_max_block_size, this process's default): 1 and not 1 (one_row_per_block)."""
@@ -304,6 +310,7 @@ class RewardStream:
         self.stage = stage
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cpu_share: float | None = None  # read from the host when it closes
         self.host = StreamHost.remote(store, {
             "stage": stage, "reward_fn": reward_fn, "filter_fn": filter_fn, "concurrency": concurrency,
             "num_cpus": num_cpus, "source": source, "resources": resources})
@@ -324,8 +331,16 @@ class RewardStream:
             for event in events:
                 out.put(event)
 
+    def cpu_share(self) -> float | None:
+        """The host's CPU use over its life, in cores (None if it cannot say): the stream's control-plane cost."""
+        if self._cpu_share is None:
+            with contextlib.suppress(Exception):
+                self._cpu_share = ray.get(self.host.cpu_share.remote(), timeout=CLOSE_TIMEOUT_S)
+        return self._cpu_share
+
     def close(self) -> None:
         """End the stream (the store ends this stage's source, Ray Data finishes), then the host actor."""
+        self.cpu_share()
         self._closing.set()
         with contextlib.suppress(Exception):  # a dead host has nothing left to end
             ray.get(self.host.close.remote(), timeout=2 * CLOSE_TIMEOUT_S)

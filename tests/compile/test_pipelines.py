@@ -69,6 +69,15 @@ def test_edge_policy_lowers_to_the_control_plane_policy(name):
     assert control["batch_size"] == plan["pipeline"]["stages"]["buffer"]["batch_groups"]
 
 
+def test_barrier_batch_redundancy_reaches_the_synchronous_policy(tmp_path):
+    text = (REPO / "pipelines" / "synchronous.yaml").read_text()
+    assert "{kind: barrier}" in text
+    (tmp_path / "p.yaml").write_text(text.replace("{kind: barrier}", "{kind: barrier, batch_redundancy: 4}"))
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    control = compile_pipeline(tmp_path / "p.yaml")["control"]["staleness"]
+    assert (control["kind"], control["eta"], control["batch_redundancy"]) == ("synchronous", 0, 4)
+
+
 def test_queue_drop_pipeline_shows_predicted_staleness(capsys, tmp_path):
     main(["compile", str(REPO / "pipelines" / "streamrl.yaml"), "-o", str(tmp_path / "p.json")])
     out = capsys.readouterr().out
