@@ -29,9 +29,13 @@ STATE_FILE = "state.json"  # the checkpoint's state file, unless rlflow/runtime/
 LATEST = "latest"  # `--resume` with no run named
 
 
+IMPORT_TIMEOUT_S = 120.0
+
+
 def _import_in_background() -> threading.Thread:
     """Import what the driver needs next (transformers for the tokenizer, MLflow for the tracker: about 6 s of a
-    run's start-up here, #15) while Ray starts its processes; a later `import` of the same module waits for it."""
+    run's start-up here, #15) while Ray starts its processes. The caller joins the thread before the driver
+    imports them itself."""
     def work():
         try:
             import mlflow  # noqa: F401
@@ -234,7 +238,9 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
 
     from rlflow.runtime.driver import Run
 
-    _import_in_background()  # after `import ray` and the driver: ray.init below mostly waits on its processes
+    # after `import ray` and the driver, joined after ray.init (which mostly waits on its processes): transformers
+    # is a lazy module, and a second thread using it half-imported fails with "cannot import name"
+    importing = _import_in_background()
 
     cluster = plan["resources"]["cluster"]
     address = address or cluster["address"]
@@ -257,6 +263,9 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
             ray.init(num_cpus=cluster["num_cpus"] or _logical_cpus(plan), num_gpus=cluster["num_gpus"],
                      resources=embedded_resources(plan) or None, include_dashboard=False, runtime_env=env,
                      log_to_driver=True)
+    importing.join(IMPORT_TIMEOUT_S)
+    if importing.is_alive():
+        log(f"transformers and MLflow still importing after {IMPORT_TIMEOUT_S:g} s (a slow disk?); going on")
     clock.mark("ray")
     try:  # a cluster that cannot place the plan's stages fails here, before a run directory exists
         check_cluster(plan, ray.nodes(), f"the Ray cluster at {address}" if address else "the embedded Ray cluster")
