@@ -13,8 +13,9 @@ export, MLflow, Ray shut down). Columns:
   engines / trainer ready, initial weights published, first scored group;
 - exit: seconds from the last step's progress line to the process's exit;
 - control: the share of steady-state wall time the driver loop spent working (not waiting for an event);
-- driver CPU: the driver process's CPU time over steady-state wall time, in cores (it includes Ray Data's
-  streaming executor threads, which run in the driver); 2 cores here.
+- driver CPU: the driver process's CPU time over steady-state wall time, in cores; 2 cores here;
+- stream CPU: the reward stream's host actor (Ray Data's streaming executor, moved out of the driver) over its
+  life, in cores.
 """
 
 from __future__ import annotations
@@ -69,14 +70,15 @@ def run(pipeline: str, steps: int, run_steps: int, scratch: Path) -> dict:
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| planned steps | ran | first step (s) | " + " | ".join(PHASES[:-1]) + " | exit (s) | control | driver CPU |",
-             "|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|"]
+    lines = ["| planned steps | ran | first step (s) | " + " | ".join(PHASES[:-1]) + " | exit (s) | control | driver CPU | stream CPU |",
+             "|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|---|"]
     for r in results:
         s, marks = r["summary"], r["summary"].get("startup_s", {})
         cells = [f"{marks[p]:.1f}" if p in marks else "–" for p in PHASES[:-1]]
         lines.append(f"| {r['steps']} | {s['steps']}{' (Ctrl-C)' if r['stopped'] else ''} | {marks.get('first_step', float('nan')):.1f} | "
                      + " | ".join(cells) + f" | {r['exit_s']:.1f}{' traceback!' if r['traceback'] else ''} | "
-                     f"{100 * s.get('control_share', float('nan')):.2f}% | {s.get('driver_cpu_share', float('nan')):.3f} |")
+                     f"{100 * s.get('control_share', float('nan')):.2f}% | {s.get('driver_cpu_share', float('nan')):.3f} | "
+                     f"{s.get('reward_stream_cpu_share') or float('nan'):.3f} |")
     return lines
 
 
