@@ -49,6 +49,11 @@ class PipelineInvalid(Exception):
         self.problems = sorted(set(problems), key=_sort_key)
         super().__init__(self.render())
 
+    def __reduce__(self):
+        # rebuilt from (source, problems), not from Exception.args, so it crosses Ray processes (a reward stream's
+        # host actor raises RewardStageFailing to the driver)
+        return (type(self), (self.source, self.problems))
+
     def render(self) -> str:
         n = len(self.problems)
         head = f"{self.source}: {n} error{'s' if n != 1 else ''}"

@@ -199,7 +199,7 @@ class StreamRunner:
     """The Ray Data stream of one reward stage, iterated in the process that holds it (StreamHost's, see below)."""
 
     def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
-                 source: str = "the pipeline", resources: dict | None = None):
+                 source: str = "the pipeline", resources: dict | None = None, reward_timeout_s: float = REWARD_TIMEOUT_S):
         quiet_ray_data()  # the run prints its own progress
         self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
         self.failures = FailureRate(stage)
@@ -211,7 +211,7 @@ class StreamRunner:
             self.dataset = (
                 ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
                                          override_num_blocks=1, num_cpus=0.01)
-                .map_batches(Score, fn_constructor_args=(reward_fn, REWARD_TIMEOUT_S), batch_size=None, batch_format="pyarrow",
+                .map_batches(Score, fn_constructor_args=(reward_fn, reward_timeout_s), batch_size=None, batch_format="pyarrow",
                              compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS,
                              **({"resources": resources} if resources else {}))  # stages.<reward>.resources
                 .map_batches(FilterGroups, fn_constructor_args=(filter_fn,), batch_size=None, batch_format="pyarrow",
@@ -313,7 +313,8 @@ class RewardStream:
         self._cpu_share: float | None = None  # read from the host when it closes
         self.host = StreamHost.remote(store, {
             "stage": stage, "reward_fn": reward_fn, "filter_fn": filter_fn, "concurrency": concurrency,
-            "num_cpus": num_cpus, "source": source, "resources": resources})
+            "num_cpus": num_cpus, "source": source, "resources": resources,
+            "reward_timeout_s": REWARD_TIMEOUT_S})  # read here, in the driver, where a test may have changed it
 
     def start(self, out: queue.Queue) -> None:
         self._thread = threading.Thread(target=self._forward, args=(out,), name=f"reward-stream-{self.stage}", daemon=True)
