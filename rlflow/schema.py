@@ -248,7 +248,7 @@ class TrainStage(Strict):
     steadier late steps when a run is long enough to overshoot at a constant rate. Set per optimizer step from the
     trainer's version (stages/trainer.py lr_factor), so a resumed run continues the schedule; logged as `lr`."""
     lr_warmup_steps: NonNegInt = 0
-    """Steps of linear warmup from 0 to `lr` (0: none)."""
+    """Steps of linear warmup to `lr`: step k (0-based) runs at (k + 1) / W x lr, so the first step moves (0: none)."""
     lr_min_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """lr_schedule cosine: the final learning rate as a fraction of `lr`."""
     clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2

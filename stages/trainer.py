@@ -288,10 +288,10 @@ class DeepSpeedTrainer:
             if mb.mask.sum() > 0:
                 weight_max = max(weight_max, stats["importance_weight_max"])
         grad_norm = self._grad_norm_stage0() if self.engine.zero_optimization_stage() == 0 else None
-        lr = self.lr * lr_factor(self.lr_schedule, self.version)
         if self.lr_schedule and self.engine.lr_scheduler is None:
             for group in self.engine.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
+        lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
         self.engine.step()
         self.version += 1
         if grad_norm is None:
