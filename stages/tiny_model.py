@@ -51,7 +51,9 @@ TASK_SETTINGS = {
     "repeat": TinyLlamaSettings(sft_steps=110, max_new_tokens=48),
     "countdown": TinyLlamaSettings(sft_steps=300, max_new_tokens=16),
     "word_problems": TinyLlamaSettings(sft_steps=300, max_new_tokens=8),
-    "code": TinyLlamaSettings(sft_steps=300, max_new_tokens=48),
+    # 300 steps: greedy passes every hidden test on nearly every prompt. A 40-step warm start (greedy 0.66 held out)
+    # was tried as a starting point for RL and fell to 0.27 in 60 steps (README "Does it learn?").
+    "code": TinyLlamaSettings(sft_steps=300, max_new_tokens=64),
 }
 DEFAULT_SETTINGS = TinyLlamaSettings(sft_steps=300, max_new_tokens=48)
 

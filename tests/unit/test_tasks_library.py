@@ -146,6 +146,30 @@ def test_every_code_reference_solution_passes_its_hidden_tests_in_the_sandbox():
         assert rewards.code_tests(row["answer"], row["answer"], row["prompt"], row) == 1.0, row
 
 
+def test_code_prompts_are_varied_enough_for_a_held_out_split():
+    from rlflow.runtime.evaluation import held_out
+
+    prompts = {row["prompt"] for row in tasks.code(seed=0, count=5000)}
+    assert len(prompts) > 300 and sum(held_out(p, 0.1) for p in prompts) > 20
+
+
+def test_a_repeated_code_completion_is_scored_once_unless_it_timed_out(monkeypatch):
+    from rlflow.stages import sandbox
+
+    runs = []
+    real = sandbox.run_python
+    monkeypatch.setattr(sandbox, "run_python", lambda *a, **k: runs.append(1) or real(*a, **k))
+    monkeypatch.setattr(rewards, "_CODE_SCORES", type(rewards._CODE_SCORES)())
+    row = {"prompt": "# add 3 to x\ndef add_3(x):\n", "tests": ["add_3(1)==4", "add_3(2)==6"], "entry": "add_3"}
+    assert [rewards.code_tests("    return x+3", "", row["prompt"], row) for _ in range(3)] == [0.5, 0.5, 0.5]
+    assert len(runs) == 1
+    assert rewards.code_tests("    return x+3 ", "", row["prompt"], row) == 0.5 and len(runs) == 2  # other source
+    monkeypatch.setattr(rewards, "CODE_LIMITS_WALL_S", 0.5)
+    sleepy = "    import time\n    time.sleep(30)"
+    assert [rewards.code_tests(sleepy, "", row["prompt"], row) for _ in range(2)] == [0.0, 0.0]
+    assert len(runs) == 4  # timed out: not cached
+
+
 def test_wrong_and_partial_solutions_score_below_one():
     row = next(r for r in tasks.code(seed=1, count=200) if r["entry"] == "fizzbuzz")
     call = lambda completion: rewards.code_tests(completion, row["answer"], row["prompt"], row)
