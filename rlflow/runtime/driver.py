@@ -54,6 +54,7 @@ class Run:
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = dict(plan["control"]["staleness"])
         self.stop_requested = False
+        self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
         self.step = 0
         self.counts: dict = {}
         self.events: queue.Queue = queue.Queue()
@@ -322,6 +323,7 @@ class Run:
                  "model_dir": str(self.model_dir)}  # `rlflow export` takes the config and tokenizer from there
         path = checkpoint.save(self.out_dir, self.sink.actor, state, timeout_s=CALL_TIMEOUT_S)
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
+        self.saved_step = self.step
         self.log(f"checkpoint at step {self.step}: {path}")
 
     def _restore(self, state: dict, resumed) -> None:
@@ -360,7 +362,7 @@ class Run:
         try:
             if self.sink.ref is not None and status != "FAILED":  # finish the step in flight: a consistent checkpoint
                 self._finish_step(self._get(self.sink.ref, CALL_TIMEOUT_S, f"train step {self.step + 1} to finish"))
-            if status != "FAILED":
+            if status != "FAILED" and self.saved_step != self.step:  # checkpoint_every may have just saved it
                 self._checkpoint()
             if status == "FINISHED" or (status == "KILLED" and self.stop_requested):  # finished, or Ctrl-C
                 self._export()
