@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(smollm2.missing()),
                                  reason=f"needs {', '.join(smollm2.missing())}: {smollm2.install_hint()}")]
 
-TINY = ["stages.train.steps=2", "stages.rollout.max_new_tokens=8", "stages.rollout.max_running=8"]
+TINY = ["stages.train.steps=2", "stages.rollout.max_new_tokens=8", "stages.rollout.max_running=8", "data.eval_size=8"]
 
 
 def test_smollm2_pipeline_trains_two_steps(ray_cluster, workdir):
@@ -27,3 +27,6 @@ def test_smollm2_pipeline_trains_two_steps(ray_cluster, workdir):
         assert 0.0 <= row["reward_mean"] <= 1.0 and 0 < row["length_max"] <= 8
         assert row["staleness_max"] <= 1
     assert run.buffer.counters.conserved()
+    # held out at steps 0 and 2 (the end), prompted with the chat template like the rollouts
+    assert [e["step"] for e in sorted(run.metrics.evals, key=lambda e: e["step"])] == [0, 2]
+    assert all(e["eval/prompts"] == 8 and 0.0 <= e["eval/accuracy"] <= 1.0 for e in run.metrics.evals)
