@@ -20,6 +20,7 @@ def run_plan(plan: dict, **kwargs):
     """Run the plan to the end in .rlflow/runs/<name> of the working directory; returns the Run."""
     from rlflow.runtime.driver import Run
 
-    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None, **kwargs)
+    kwargs.setdefault("log", lambda *a, **k: None)
+    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], **kwargs)
     run.run()
     return run

@@ -31,8 +31,11 @@ def assert_accounted(run) -> None:
 def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     """Every shipped single-task pipeline runs as compiled: one fleet per rollout stage in the plan, with the
     plan's actors, its coordinator strategies and its staleness policy."""
-    plan = plan_for(pipeline)
-    run = run_plan(plan)
+    plan = plan_for(pipeline, "stages.train.checkpoint_every=3")
+    lines: list[str] = []
+    run = run_plan(plan, log=lambda *a, **k: lines.extend(map(str, a)))
+    # the last step's checkpoint_every save is the final checkpoint: not written a second time at exit
+    assert [line.split(":")[0] for line in lines if line.startswith("checkpoint at")] == ["checkpoint at step 3"]
     assert [f.stage for f in run.fleets] == ["rollout"]
     assert len(run.fleets[0].instances) == plan["pipeline"]["stages"]["rollout"]["replicas"]
     cfg = run.fleets[0].coordination.coord.cfg
