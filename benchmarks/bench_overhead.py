@@ -15,7 +15,9 @@ export, MLflow, Ray shut down). Columns:
 - control: the share of steady-state wall time the driver loop spent working (not waiting for an event);
 - driver CPU: the driver process's CPU time over steady-state wall time, in cores; 2 cores here;
 - stream CPU: the reward stream's host actor (Ray Data's streaming executor, moved out of the driver) over its
-  life, in cores.
+  life, in cores;
+- engine tokens/s: completion tokens the rollout engine finished per second of its engine.step calls, per instance,
+  to compare with its bare decode loop alone (`benchmarks/bench_engines.py`, the same count).
 """
 
 from __future__ import annotations
@@ -70,15 +72,15 @@ def run(pipeline: str, steps: int, run_steps: int, scratch: Path) -> dict:
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| planned steps | ran | first step (s) | " + " | ".join(PHASES[:-1]) + " | exit (s) | control | driver CPU | stream CPU |",
-             "|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|---|"]
+    lines = ["| planned steps | ran | first step (s) | " + " | ".join(PHASES[:-1]) + " | exit (s) | control | driver CPU | stream CPU | engine tokens/s |",
+             "|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|---|---|"]
     for r in results:
         s, marks = r["summary"], r["summary"].get("startup_s", {})
         cells = [f"{marks[p]:.1f}" if p in marks else "–" for p in PHASES[:-1]]
         lines.append(f"| {r['steps']} | {s['steps']}{' (Ctrl-C)' if r['stopped'] else ''} | {marks.get('first_step', float('nan')):.1f} | "
                      + " | ".join(cells) + f" | {r['exit_s']:.1f}{' traceback!' if r['traceback'] else ''} | "
                      f"{100 * s.get('control_share', float('nan')):.2f}% | {s.get('driver_cpu_share', float('nan')):.3f} | "
-                     f"{s.get('reward_stream_cpu_share') or float('nan'):.3f} |")
+                     f"{s.get('reward_stream_cpu_share') or float('nan'):.3f} | {s.get('engine_tokens_per_s') or float('nan'):.0f} |")
     return lines
 
 

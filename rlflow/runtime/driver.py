@@ -420,4 +420,11 @@ class Run:
         return self.metrics.summary(self.buffer.counters, self.counts, self.tracker.run_id, self._recall()) | {
             "startup_s": dict(self.clock.marks), **self.clock.steady(),
             # Ray Data's executor runs in the reward streams' host actors, not the driver (reward_stream.py)
-            "reward_stream_cpu_share": sum(filter(None, (s.cpu_share() for s in getattr(self, "streams", [])))) or None}
+            "reward_stream_cpu_share": sum(filter(None, (s.cpu_share() for s in getattr(self, "streams", [])))) or None,
+            "engine_tokens_per_s": self._decode_rate()}
+
+    def _decode_rate(self) -> float | None:
+        """Completion tokens per second of engine.step, per instance (instances decode side by side)."""
+        rates = [f.decode_rate() for f in getattr(self, "fleets", [])]
+        tokens, seconds = sum(r[0] for r in rates), sum(r[1] for r in rates)
+        return tokens / seconds if seconds > 0 else None

@@ -42,6 +42,8 @@ class RolloutInstance:
     running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
     busy_s: float = 0.0  # seconds generating or loading weights
+    step_s: float = 0.0  # seconds in engine.step alone (decoding; no weight loads)
+    finished_tokens: int = 0  # completion tokens of the trajectories it finished (eos included)
 
     def has_work(self) -> bool:
         return bool(self.routes or self.aborts or self.interrupts or self.pull or not self.idle)
@@ -165,6 +167,8 @@ class RolloutFleet:
             verify_loaded(self.stage, inst.index, inst.pulling, result["loaded"])
             inst.pulling = None
         inst.busy_s += result["busy_s"] + result["pull_s"]
+        inst.step_s += result["busy_s"]
+        inst.finished_tokens += sum(meta["tokens"] for meta in result["finished"])
         inst.idle = result["idle"]
         snap = result["snapshot"]
         inst.version, inst.snapshot = snap["version"], snap
@@ -236,3 +240,9 @@ class RolloutFleet:
 
     def busy_s(self) -> float:
         return sum(i.busy_s for i in self.instances)
+
+    def decode_rate(self) -> tuple[int, float]:
+        """(completion tokens finished, seconds in engine.step) over the instances: their ratio is the engines'
+        tokens/s while decoding, comparable with benchmarks/bench_engines.py's bare loop (the same count: finished
+        completions, eos included; tokens of aborted or interrupted trajectories are not counted)."""
+        return sum(i.finished_tokens for i in self.instances), sum(i.step_s for i in self.instances)

@@ -37,6 +37,8 @@ def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     # the last step's checkpoint_every save is the final checkpoint: not written a second time at exit
     assert [line.split(":")[0] for line in lines if line.startswith("checkpoint at")] == ["checkpoint at step 3"]
     assert [f.stage for f in run.fleets] == ["rollout"]
+    tokens, seconds = run.fleets[0].decode_rate()
+    assert tokens > 0 and seconds > 0 and run.summary()["engine_tokens_per_s"] == tokens / seconds
     assert len(run.fleets[0].instances) == plan["pipeline"]["stages"]["rollout"]["replicas"]
     cfg = run.fleets[0].coordination.coord.cfg
     coord = plan["control"]["coordination"]["rollout"]
