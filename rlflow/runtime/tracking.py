@@ -120,15 +120,17 @@ class Tracker:
             self.mlflow.log_artifacts(tmp, "plots")
 
     def log_model(self, export_dir: str | Path, *, step: int, info: dict) -> str:
-        """An export as this run's MLflow model "model" (transformers flavor, text-generation), logged from the
-        directory without loading it; plan.json and rlflow_export.json travel inside. Pinned pip requirements: MLflow
-        then infers none (inferring loads the model). Costs ~0.3 s plus a copy of the files, and once per process a
-        scan of the installed packages (~1-4 s on 2 busy cores). Returns the model URI."""
+        """An export as this run's MLflow model "model" (transformers flavor, text-generation), logged from a
+        pipeline loaded from the directory; plan.json, rlflow_export.json and rlflow_build.json go under the model's
+        rlflow/. Pinned pip requirements: MLflow then infers none (inferring loads the model again). Costs a load and
+        a save of the model, and once per process a scan of the installed packages (~1-4 s on 2 busy cores).
+        Returns the model URI."""
         import importlib.metadata as md
         import logging
         import shutil
 
         import mlflow.transformers
+        import transformers
 
         reqs = [f"{p}=={md.version(p)}" for p in ("torch", "transformers", "safetensors")]
         quiet = logging.getLogger("mlflow.transformers")
@@ -144,9 +146,18 @@ class Tracker:
                             os.link(f, staged / f.name)
                         except OSError:
                             shutil.copy2(f, staged / f.name)
-                logged = mlflow.transformers.log_model(transformers_model=str(staged), name="model", task="text-generation",
+                # a pipeline object, not the directory: MLflow 3.17's local-checkpoint path reads the task's class
+                # from transformers.pipelines.check_task, which transformers 5.23 returns as a name (AttributeError)
+                model = transformers.pipeline("text-generation", model=str(staged), tokenizer=str(staged))
+                logged = mlflow.transformers.log_model(transformers_model=model, name="model", task="text-generation",
                                                        pip_requirements=reqs, step=step,
                                                        metadata={k: v for k, v in info.items() if v is not None})
+                extras = Path(tmp) / "rlflow"  # the plan and the export's provenance, beside the model's files
+                extras.mkdir()
+                for f in staged.glob("*.json"):
+                    if f.name.startswith(("plan", "rlflow_")):
+                        shutil.copy2(f, extras / f.name)
+                mlflow.MlflowClient().log_model_artifacts(logged.model_id, str(extras), "rlflow")
         finally:
             quiet.setLevel(level)
         return logged.model_uri

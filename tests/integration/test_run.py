@@ -57,6 +57,11 @@ def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     assert {"reward_mean", "loss", "staleness_mean", "tokens_per_s", "rollout_idle_ratio"} <= set(data.metrics)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.tracker.run_id, "plots")}
     assert {"plots/staleness.png", "plots/instance_load.png", "plots/learning_curves.png"} <= artifacts
+    if pipeline == "synchronous":  # the export is this run's MLflow model, with the plan under rlflow/
+        (uri,) = [w.rstrip(";") for line in lines for w in line.split() if w.startswith("models:/")]
+        model_id = mlflow.models.get_model_info(uri).model_id
+        files = {a.path for a in mlflow.MlflowClient().list_logged_model_artifacts(model_id, "rlflow")}
+        assert {"rlflow/plan.json", "rlflow/rlflow_export.json"} <= files
 
 
 def test_failing_reward_is_counted_and_loses_nothing(ray_cluster, workdir, monkeypatch):
