@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import REPO, SMALL, plan_for, run_plan
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
-from runs import REPO, SMALL, plan_for, run_plan
 
 pytestmark = pytest.mark.integration
 def assert_accounted(run) -> None:
@@ -261,7 +261,7 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     open_groups, _ = ledger_open_groups(out)
     restorable = ledger_restorable(out)
-    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", *small], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", *small], check=False, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(restorable)} buffered group(s) restored from the ledger" in done.stdout, done.stdout[-3000:]
