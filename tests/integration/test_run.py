@@ -16,6 +16,8 @@ from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
 
 pytestmark = pytest.mark.integration
+
+
 def assert_accounted(run) -> None:
     c = run.buffer.counters
     assert c.conserved(), vars(c)
