@@ -7,6 +7,7 @@ import json
 import operator
 import re
 import secrets
+import threading
 from collections import OrderedDict
 from fractions import Fraction
 
@@ -78,7 +79,8 @@ def code_tests(completion: str, answer: str, prompt: str, row: dict) -> float:
     """Fraction of the row's hidden `tests` the completed function passes, run only in stages/sandbox.py. The
     completion is the function's body (appended to the prompt's `def` line) or a whole `def`; one that does not
     parse, crashes on load, or runs past its limits scores 0 for the tests it did not pass. Scores are cached per
-    process by (source, tests): the harness is deterministic for the same code and tests; a wall-clock timeout is not."""
+    process by (source, tests): the same code is run once (code whose result varies from run to run keeps its first
+    score), except after a wall-clock timeout, which depends on the machine's load."""
     tests = row.get("tests")
     if not isinstance(tests, list) or not tests:
         raise ValueError("code_tests needs a row with a list column 'tests' (builtin:code rows have one)")
@@ -90,9 +92,10 @@ def code_tests(completion: str, answer: str, prompt: str, row: dict) -> float:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return 0.0
     key = (source, json.dumps(tests))
-    if key in _CODE_SCORES:  # a group's samples often repeat each other once training sharpens the policy
-        _CODE_SCORES.move_to_end(key)
-        return _CODE_SCORES[key]
+    with _CODE_SCORES_LOCK:  # a reward call cut by its timeout may still run in a thread beside the next one
+        if key in _CODE_SCORES:  # a group's samples often repeat each other once training sharpens the policy
+            _CODE_SCORES.move_to_end(key)
+            return _CODE_SCORES[key]
     from rlflow.stages import sandbox
 
     nonce = secrets.token_hex(8)
@@ -101,14 +104,16 @@ def code_tests(completion: str, answer: str, prompt: str, row: dict) -> float:
     passed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith(nonce) and line.endswith(" 1")}
     score = len(passed) / len(tests)
     if not result.timed_out:  # a wall-clock kill depends on the machine's load, not only on the code: run it again
-        _CODE_SCORES[key] = score
-        if len(_CODE_SCORES) > CODE_SCORE_CACHE:
-            _CODE_SCORES.popitem(last=False)
+        with _CODE_SCORES_LOCK:
+            _CODE_SCORES[key] = score
+            if len(_CODE_SCORES) > CODE_SCORE_CACHE:
+                _CODE_SCORES.popitem(last=False)
     return score
 
 
 CODE_SCORE_CACHE = 4096  # scores kept per process, least recently used dropped first
 _CODE_SCORES: OrderedDict[tuple[str, str], float] = OrderedDict()
+_CODE_SCORES_LOCK = threading.Lock()
 
 
 # Runs inside the sandbox: load solution.py, then each test expression; one result line per test. (A solution that
