@@ -137,27 +137,19 @@ class Tracker:
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # no model card or license to fetch for a local directory: not worth a warning
         try:
-            with tempfile.TemporaryDirectory() as tmp:
-                staged = Path(tmp) / "model"  # the export's files only, not its step-<N>/ subdirectories
-                staged.mkdir()
-                for f in Path(export_dir).iterdir():
-                    if f.is_file():
-                        try:
-                            os.link(f, staged / f.name)
-                        except OSError:
-                            shutil.copy2(f, staged / f.name)
-                # a pipeline object, not the directory: MLflow 3.17's local-checkpoint path reads the task's class
-                # from transformers.pipelines.check_task, which transformers 5.23 returns as a name (AttributeError)
-                model = transformers.pipeline("text-generation", model=str(staged), tokenizer=str(staged))
-                logged = mlflow.transformers.log_model(transformers_model=model, name="model", task="text-generation",
-                                                       pip_requirements=reqs, step=step,
-                                                       metadata={k: v for k, v in info.items() if v is not None})
-                extras = Path(tmp) / "rlflow"  # the plan and the export's provenance, beside the model's files
-                extras.mkdir()
-                for f in staged.glob("*.json"):
+            export_dir = Path(export_dir)
+            # a pipeline object, not the directory: MLflow 3.17's local-checkpoint path reads the task's class from
+            # transformers.pipelines.check_task, which transformers 5.23 returns as a name (AttributeError). Loading
+            # reads only the model's own files, so the export's step-<N>/ subdirectories need no staging copy.
+            model = transformers.pipeline("text-generation", model=str(export_dir), tokenizer=str(export_dir))
+            logged = mlflow.transformers.log_model(transformers_model=model, name="model", task="text-generation",
+                                                   pip_requirements=reqs, step=step,
+                                                   metadata={k: v for k, v in info.items() if v is not None})
+            with tempfile.TemporaryDirectory() as extras:  # the plan and the export's provenance, beside the model
+                for f in export_dir.glob("*.json"):
                     if f.name.startswith(("plan", "rlflow_")):
-                        shutil.copy2(f, extras / f.name)
-                mlflow.MlflowClient().log_model_artifacts(logged.model_id, str(extras), "rlflow")
+                        shutil.copy2(f, Path(extras) / f.name)
+                mlflow.MlflowClient().log_model_artifacts(logged.model_id, extras, "rlflow")
         finally:
             quiet.setLevel(level)
         return logged.model_uri
