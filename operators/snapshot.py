@@ -27,10 +27,15 @@ class InstanceSnapshot:
     complete_trajs: int = 0  # completed since the last pull; only |complete_trajs| enters Eq. 1, so a count
     inst_version: int = 0
     kv_prev: float | None = None  # kv_cache at the previous snapshot (laminar.txt §5.2, Algorithm 1 line 3)
+    # Multi-turn episodes between turns, on their environment (rlflow/runtime/episodes.py). Not in Figure 11:
+    # StaleFlow's trajectories are single-turn. They count in accum_traj_num (routed here, not complete), but hold
+    # no engine slot or KV, so routing's load and migration (which moves wait_trajs) leave them out: moving one
+    # would only wait for its environment step elsewhere.
+    env_trajs: list = field(default_factory=list)
 
     def clone(self) -> InstanceSnapshot:
         return InstanceSnapshot(self.idx, self.kv_cache, list(self.run_trajs), list(self.wait_trajs),
-                                self.complete_trajs, self.inst_version, self.kv_prev)
+                                self.complete_trajs, self.inst_version, self.kv_prev, list(self.env_trajs))
 
     def discard(self, trajs, k5: float = 1.0) -> None:
         """Remove trajectories (interrupted or aborted) from run/wait; their KV is released."""
@@ -38,12 +43,13 @@ class InstanceSnapshot:
         freed = k5 * sum(getattr(t, "tokens", 0.0) for t in self.run_trajs if id(t) in gone)
         self.run_trajs = [t for t in self.run_trajs if id(t) not in gone]
         self.wait_trajs = [t for t in self.wait_trajs if id(t) not in gone]
+        self.env_trajs = [t for t in self.env_trajs if id(t) not in gone]
         self.kv_cache = 0.0 if not self.run_trajs else max(0.0, self.kv_cache - freed)
 
     @property
     def accum_traj_num(self) -> int:
-        """|run ∪ wait ∪ complete| of Eq. 1."""
-        return len(self.run_trajs) + len(self.wait_trajs) + self.complete_trajs
+        """|run ∪ wait ∪ complete| of Eq. 1 (plus episodes on their environment)."""
+        return len(self.run_trajs) + len(self.wait_trajs) + len(self.env_trajs) + self.complete_trajs
 
 
 @dataclass

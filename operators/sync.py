@@ -27,7 +27,8 @@ def _behind(instances, ps_version: int) -> list:
 
 
 def _idle(inst) -> bool:
-    return not inst.run_trajs and not inst.wait_trajs
+    """Drained: nothing generating or waiting, and no episode between turns (a barrier waits for whole episodes)."""
+    return not inst.run_trajs and not inst.wait_trajs and not getattr(inst, "env_trajs", ())
 
 
 def sync_greedy(instances, ts_trajs, ps_version: int, **_) -> SyncDecision:

@@ -59,6 +59,30 @@ def _shipped(ref: str) -> list[Path]:
     return [r.joinpath(*rest) for r in roots]
 
 
+def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
+    """Multi-turn settings of a rollout stage (rlflow/runtime/episodes.py): an environment, reached by stop strings."""
+    if stage.env is None:
+        if stage.max_turns > 1 or stage.max_turn_tokens is not None or stage.env_kwargs:
+            field = "max_turns" if stage.max_turns > 1 else "max_turn_tokens" if stage.max_turn_tokens else "env_kwargs"
+            problems.append(Problem(loc + (field,), f"{field} is set but the stage has no environment", "turns-need-env",
+                                    "name one with env: (calculator, python or package.module:Class), or remove "
+                                    f"{field}"))
+        return
+    component(problems, "env", stage.env, loc + ("env",))
+    if not stage.stop:
+        problems.append(Problem(loc + ("stop",), f"env '{stage.env}' is never called: a turn goes to the environment "
+                                "when it ends at one of the stage's stop strings, and there are none", "env-needs-stop",
+                                "add the tool call's closing tag, e.g. stop: [\"</calc>\"] for the calculator"))
+    if stage.max_turns < 2:
+        problems.append(Problem(loc + ("max_turns",), f"env '{stage.env}' with max_turns {stage.max_turns}: the episode "
+                                "ends before the environment's observation is ever read", "env-needs-turns",
+                                "set max_turns to 2 or more (a tool call and the answer after it)"))
+    if stage.max_turn_tokens is not None and stage.max_turn_tokens > stage.max_new_tokens:
+        problems.append(Problem(loc + ("max_turn_tokens",), f"max_turn_tokens {stage.max_turn_tokens} exceeds "
+                                f"max_new_tokens {stage.max_new_tokens}, the whole episode's budget",
+                                "turn-over-episode", "lower max_turn_tokens or raise max_new_tokens"))
+
+
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
     rollouts = stages_of(spec, "rollout")
     for name, stage in spec.stages.items():
@@ -68,6 +92,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
             if stage.max_new_tokens >= spec.model.max_model_len:
                 problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
                                         "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
+            _check_episodes(stage, loc, problems)
         elif stage.kind == "reward":
             component(problems, "reward", stage.fn, loc + ("fn",))
         elif stage.kind == "train":

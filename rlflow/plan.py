@@ -90,6 +90,13 @@ def _tasks_of(tasks: dict[str, dict], role: str, stage: str) -> list[str]:
     return [t for t, route in tasks.items() if route[role] == stage]
 
 
+def _episode(stage) -> dict:
+    """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py); nothing for single-turn ones."""
+    if stage.env is None:
+        return {}
+    return {"episode": {"env": stage.env, "env_kwargs": dict(stage.env_kwargs), "max_turns": stage.max_turns}}
+
+
 def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict]:
     actors = []
     rollouts = stages_of(spec, "rollout")
@@ -99,11 +106,13 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                          "top_p": s.top_p, "seed": spec.seed, "dtype": spec.model.dtype, "max_model_len": spec.model.max_model_len}
         if s.stop:  # only when set: plans of pipelines without stop strings stay as they were
             engine_kwargs["stop"] = list(s.stop)
+        if s.max_turn_tokens is not None:
+            engine_kwargs["max_turn_tokens"] = s.max_turn_tokens
         for r in range(s.replicas):
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources)})
+                           "resources": dict(s.resources), **_episode(s)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
@@ -146,7 +155,9 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
                      "max_model_len": spec.model.max_model_len}
     if first.stop:  # held-out completions end where training's do
         engine_kwargs["stop"] = list(first.stop)
-    return {"name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
+    if first.max_turn_tokens is not None:
+        engine_kwargs["max_turn_tokens"] = first.max_turn_tokens
+    return {**_episode(first), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
             "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
             "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,
             "tasks": per_task}

@@ -21,6 +21,7 @@ REWARDS = {
     "countdown": "rlflow.stages.rewards:countdown",
     "final_number": "rlflow.stages.rewards:final_number",
     "code_tests": "rlflow.stages.rewards:code_tests",
+    "tagged_number": "rlflow.stages.rewards:tagged_number",
 }
 FILTERS = {
     "drop_uniform_groups": "rlflow.stages.filters:drop_uniform_groups",
@@ -31,6 +32,7 @@ TASKS = {
     "builtin:countdown": "rlflow.stages.tasks:countdown",
     "builtin:word_problems": "rlflow.stages.tasks:word_problems",
     "builtin:code": "rlflow.stages.tasks:code",
+    "builtin:calc": "rlflow.stages.tasks:calc",
 }
 # No `oracle`: it needs true lengths before generation, which only the simulator's synthetic lengths
 # give (rlflow/graph.py rejects it by name); benchmarks use operators.length_ranker.OracleRanker directly.
@@ -42,6 +44,12 @@ MODELS = {
     "builtin:smollm2-135m": "rlflow.stages.smollm2:build_smollm2",  # needs the smollm2 extra (checked at compile)
 }
 
+# Environments of multi-turn rollout stages (`env:`): classes that subclass rlflow.stages.environment.Environment.
+ENVS = {
+    "calculator": "rlflow.stages.env_calculator:Calculator",
+    "python": "rlflow.stages.env_python:PythonTool",
+}
+
 CATEGORIES = {
     "engine": ENGINES,
     "reward": REWARDS,
@@ -49,6 +57,7 @@ CATEGORIES = {
     "task": TASKS,
     "ranker": RANKERS,
     "model": MODELS,
+    "env": ENVS,
 }
 
 IMPORT_STRING = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -75,7 +84,7 @@ def builtin_names(category: str) -> list[str]:
 
 def check_reference(category: str, ref: str, *, allow_import: bool = True) -> None:
     """Raise ComponentError unless `ref` is a built-in, a plugin, or an importable `module:attr` that fits
-    the category (a reward's, filter's or ranker's signature: rlflow/user_code.py)."""
+    the category (a reward's, filter's or ranker's signature, an env's base class: rlflow/user_code.py)."""
     builtins = CATEGORIES[category]
     if ref in builtins:
         return

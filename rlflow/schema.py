@@ -7,7 +7,7 @@ Cross-stage rules (graph shape, which policy fits which edge, task routing) live
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -195,6 +195,17 @@ class RolloutStage(Strict):
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Stop strings: a completion ends (finish_reason stop) at the token where its decoded text first contains one.
     That token stays in the completion's ids (trained on, like eos); the text rewards see ends before the stop string."""
+    env: str | None = None
+    """Multi-turn episodes: an environment (`calculator`, `python`, or `package.module:Class`, a subclass of
+    rlflow.stages.environment.Environment). A turn that ends at one of `stop` is a tool call: the environment's
+    observation is appended (not trained) and the next turn is generated, up to `max_turns` turns."""
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (e.g. `latency_s` of the built-in ones)."""
+    max_turns: PositiveInt = 1
+    """Turns (generation segments) per episode; more than 1 needs an `env`."""
+    max_turn_tokens: PositiveInt | None = None
+    """Tokens one turn may generate (default: no per-turn limit); `max_new_tokens` bounds the whole episode,
+    environment segments included."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
     num_gpus: NonNegFloat = 0

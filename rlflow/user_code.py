@@ -8,7 +8,9 @@ Whether it fits, by signature, at compile (rule `not-a-<category>`), so a run do
 - a reward is called fn(completion, answer), with prompt= and row= only when its signature takes
   them by name or through **kwargs (the runtime's rlflow/runtime/reward_call.py reward_caller);
 - a filter is called fn(rewards) with one list of a group's rewards;
-- a ranker is called with no arguments and gives an object with predict(prompts) and observe(prompts, lengths).
+- a ranker is called with no arguments and gives an object with predict(prompts) and observe(prompts, lengths);
+- an env is a class that subclasses rlflow.stages.environment.Environment and implements step (one instance per
+  trajectory, made with the stage's env_kwargs).
 Classes are not rewards or filters, and nothing from the Python standard library or the builtins is a
 reward, filter or ranker (`subprocess:run`, `os:system`, `builtins:len` fit some signatures, and would
 run a command or score nonsense): write your own function, which may call them.
@@ -164,7 +166,26 @@ SHAPES = {
                "e.g. def keep(rewards): return len(set(rewards)) > 1; built-in: drop_uniform_groups"),
     "ranker": ("a class (or factory) called with no arguments, whose objects have predict(prompts) and observe(prompts, lengths)",
                "see rlflow.operators.length_ranker.OnlineLengthRanker; built-in: learned"),
+    "env": ("a class that subclasses rlflow.stages.environment.Environment and implements step(action) -> EnvStep",
+            ("e.g. class Echo(Environment): def step(self, action): return EnvStep(observation='ok'); "
+             "built-ins: calculator, python")),
 }
+
+
+def _env_misfit(what: str, obj, shape: str, example: str) -> str | None:
+    """Why `obj` cannot serve as an environment class (the rollout worker calls env_cls(**env_kwargs) per
+    trajectory, then reset and step), or None."""
+    from rlflow.stages.environment import Environment
+
+    if not inspect.isclass(obj):
+        return f"{what}, not a class; an env is {shape}; {example}"
+    if not issubclass(obj, Environment):
+        return (f"{what}, which does not subclass Environment; an env is {shape}; add the base class: "
+                f"class {obj.__name__}(Environment), from rlflow.stages.environment import Environment, EnvStep")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ()))) or "step"
+        return f"{what}, which does not implement {missing}; an env is {shape}; {example}"
+    return None
 
 
 def misfit(category: str, ref: str, obj) -> str | None:
@@ -173,6 +194,8 @@ def misfit(category: str, ref: str, obj) -> str | None:
         return None
     shape, example = SHAPES[category]
     what = f"'{ref}' is {_described(obj)}"
+    if category == "env":
+        return _env_misfit(what, obj, shape, example)
     module = getattr(obj, "__module__", None) or ref.partition(":")[0]
     if _is_stdlib(ref.partition(":")[0]) or _is_stdlib(module):
         where = ref.partition(":")[0] if _is_stdlib(ref.partition(":")[0]) else module

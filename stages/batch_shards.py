@@ -77,7 +77,7 @@ def shard_batch(trajectories: list[Trajectory], world_size: int, micro_batch_siz
     if not trajectories:
         raise ValueError("a training batch needs at least one trajectory")
     rewards, adv = advantages(trajectories)
-    num_tokens = float(sum(len(t.completion_ids) for t in trajectories))
+    num_tokens = float(sum(sum(t.trained_mask()) for t in trajectories))  # the tokens the loss averages over
     num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
     parts = balance([cost(t) for t in trajectories], world_size)
     micro = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))

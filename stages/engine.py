@@ -52,6 +52,7 @@ class RolloutEngine(abc.ABC):
         dtype: str = "float32",
         max_model_len: int = 512,
         stop: list[str] | tuple[str, ...] = (),
+        max_turn_tokens: int | None = None,
     ):
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -78,6 +79,9 @@ class RolloutEngine(abc.ABC):
         if any(not isinstance(x, str) or not x for x in stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         self.stop = tuple(stop)
+        if max_turn_tokens is not None and max_turn_tokens < 1:
+            raise ValueError(f"max_turn_tokens must be >= 1 (or None: no per-turn limit), got {max_turn_tokens}")
+        self.max_turn_tokens = max_turn_tokens
         self._version = 0
 
     @property
@@ -129,6 +133,27 @@ class RolloutEngine(abc.ABC):
                 f"{self.max_new_tokens} = {need} exceeds max_model_len {self.max_model_len}; shorten the prompt, "
                 f"lower max_new_tokens or raise max_model_len"
             )
+
+    def tokens_left(self, traj: Trajectory) -> int:
+        """Tokens `traj` may still generate: what is left of max_new_tokens (environment segments of a multi-turn
+        episode count against it too) and, with max_turn_tokens, of the current turn's budget."""
+        left = self.max_new_tokens - len(traj.completion_ids)
+        if self.max_turn_tokens is not None:
+            left = min(left, self.max_turn_tokens - (len(traj.completion_ids) - traj.turn_start))
+        return left
+
+    def completion_text(self, traj: Trajectory, stopped: bool) -> str:
+        """The completion's text: earlier turns and environment segments whole, the current turn cut before its stop
+        string when it ended on one (single-turn: decode(completion_ids) cut at the first stop string)."""
+        start = traj.turn_start
+        turn = self._decode(traj.completion_ids[start:])
+        if stopped and self.stop:
+            turn = self.cut_at_stop(turn)[0]
+        return (self._decode(traj.completion_ids[:start]) if start else "") + turn
+
+    @abc.abstractmethod
+    def _decode(self, ids: list[int]) -> str:
+        """Text of token ids, special tokens skipped."""
 
     def cut_at_stop(self, text: str) -> tuple[str, bool]:
         """(text before the first stop string, True) if `text` contains one, else (text, False)."""

@@ -72,6 +72,7 @@ class HFEngine(RolloutEngine):
         dtype: str = "float32",
         max_model_len: int = 512,
         stop: list[str] | tuple[str, ...] = (),
+        max_turn_tokens: int | None = None,
         chunk_size: int = 16,
         device: str = "auto",
         threads: int | None = 1,
@@ -87,6 +88,7 @@ class HFEngine(RolloutEngine):
             dtype=dtype,
             max_model_len=max_model_len,
             stop=stop,
+            max_turn_tokens=max_turn_tokens,
         )
         from rlflow.stages.hf_quiet import no_progress_bars
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -151,7 +153,7 @@ class HFEngine(RolloutEngine):
         finished: list[Trajectory] = []
         while self._waiting and len(self._batch) + len(self._unfilled) < self.max_running:
             _, traj = self._waiting.popitem(last=False)
-            if len(traj.completion_ids) >= self.max_new_tokens:
+            if self.tokens_left(traj) <= 0:
                 finished.append(self._finish(traj, "length"))
                 continue
             seq = traj.prompt_ids + traj.completion_ids
@@ -231,9 +233,9 @@ class HFEngine(RolloutEngine):
             traj.completion_ids.append(token)
             traj.behaviour_logprobs.append(logprob)
             row.pending = token
-            if token in self.eos_ids or (self.stop and self._stopped(traj.completion_ids)):
+            if token in self.eos_ids or (self.stop and self._stopped(traj.completion_ids[traj.turn_start:])):
                 finished.append(self._finish(traj, "stop"))
-            elif len(traj.completion_ids) >= self.max_new_tokens:
+            elif self.tokens_left(traj) <= 0:
                 finished.append(self._finish(traj, "length"))
             else:
                 keep.append(i)
@@ -264,9 +266,7 @@ class HFEngine(RolloutEngine):
 
     def _finish(self, traj: Trajectory, reason: str) -> Trajectory:
         traj.finish_reason = reason
-        traj.completion = self._decode(traj.completion_ids)
-        if reason == "stop" and self.stop:
-            traj.completion = self.cut_at_stop(traj.completion)[0]  # the text ends before the stop string
+        traj.completion = self.completion_text(traj, reason == "stop")  # the text ends before the stop string
         traj.instance = self.instance_id
         self._complete += 1
         return traj

@@ -112,7 +112,7 @@ class VLLMEngine(RolloutEngine):
         **common,
     ):
         """`common`: the RolloutEngine settings (instance_id, max_running, max_new_tokens, temperature,
-        top_p, seed, dtype, max_model_len, stop). `step_s`: longest wait of one step() call;
+        top_p, seed, dtype, max_model_len, stop, max_turn_tokens). `step_s`: longest wait of one step() call;
         `gpu_memory_utilization`: vLLM's share of GPU memory (CUDA only); `cpu_threads`: OpenMP threads
         of the CPU worker (None leaves vLLM's own core binding)."""
         super().__init__(model_dir, **common)
@@ -222,7 +222,7 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(f"trajectory {traj.traj_id} is already on instance {self.instance_id}")
         traj.finish_reason = ""
         traj.instance = None
-        if len(traj.completion_ids) >= self.max_new_tokens:  # resumed with nothing left to generate
+        if self.tokens_left(traj) <= 0:  # resumed with nothing left to generate
             self._finished.append(self._finish(traj, "length"))
             return
         self.begin_segment(traj)
@@ -242,7 +242,7 @@ class VLLMEngine(RolloutEngine):
             n=1,
             temperature=self.temperature,
             top_p=self.top_p,
-            max_tokens=self.max_new_tokens - len(traj.completion_ids),
+            max_tokens=self.tokens_left(traj),  # a multi-turn episode: within the turn's budget too
             logprobs=0,  # the sampled token's log-prob only
             seed=self.seed * 1_000_003 + next(self._ids),
             # Stop strings are matched on vLLM's detokenized text, so it detokenizes only when there are some (we
@@ -336,9 +336,7 @@ class VLLMEngine(RolloutEngine):
 
     def _finish(self, traj: Trajectory, reason: str) -> Trajectory:
         traj.finish_reason = reason
-        traj.completion = self._decode(traj.completion_ids)
-        if reason == "stop" and self.stop:
-            traj.completion = self.cut_at_stop(traj.completion)[0]  # the text ends before the stop string
+        traj.completion = self.completion_text(traj, reason == "stop")  # the text ends before the stop string
         traj.instance = self.instance_id
         self._complete += 1
         return traj

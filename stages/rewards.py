@@ -72,6 +72,21 @@ def final_number(completion: str, answer: str) -> float:
         return 0.0
 
 
+ANSWER_TAG = "A="
+_TAGGED = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def tagged_number(completion: str, answer: str) -> float:
+    """1.0 if the number right after the last `A=` equals the answer (`<calc>37+48</calc>=85 A=85`), else 0.0.
+    A calculator observation (`=85`) holds no `A=`: the model must write the answer itself."""
+    at = completion.rfind(ANSWER_TAG)
+    found = _TAGGED.match(completion, at + len(ANSWER_TAG)) if at >= 0 else None
+    try:
+        return 1.0 if found and float(found.group()) == float(answer) else 0.0
+    except ValueError:
+        return 0.0
+
+
 CODE_LIMITS_WALL_S = 5.0  # per completion, all its tests together (CPU loops stop sooner: 2 CPU-seconds)
 
 

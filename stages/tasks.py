@@ -1,11 +1,13 @@
 """Built-in verifiable tasks (`data.source: builtin:<name>`): prompts whose answers vary in length.
 
-Each task is a function (seed, count) -> list of {"prompt", "answer"} rows; pure Python, no download.
+Each task is a function (seed, count) -> list of {"prompt", "answer"} rows; pure Python, no download. Rows of a
+task for a tool (`calc`) also have a `demo`: the transcript of a tool-using episode, for warm starts.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 
 def arith(seed: int = 0, count: int = 1024) -> list[dict]:
@@ -138,3 +140,43 @@ def code(seed: int = 0, count: int = 1024) -> list[dict]:
         rows.append({"prompt": f"# {comment}\ndef {name}({arg}):\n", "answer": f"    {body}",
                      "tests": [f"{name}({v!r})=={fn(v)!r}" for v in inputs], "entry": name})
     return rows
+
+
+CALC_CUE = " Calc:"  # ends every builtin:calc prompt; the completion starts with the tool call
+# (operator, question template): two numbers 10..99 and one operation, harder than a tiny model can do in its head
+_CALC_PROBLEMS = (
+    ("+", "{n} has {a} {t} and buys {b} more. How many {t} now?"),
+    ("+", "{n} has {a} {t} and {m} has {b}. How many {t} in all?"),
+    ("-", "{n} has {a} {t} and gives away {b}. How many {t} are left?"),
+    ("-", "{n} had {a} {t} and lost {b}. How many {t} remain?"),
+    ("*", "{n} buys {a} bags of {b} {t}. How many {t} in all?"),
+    ("*", "{n} gets {a} {t} a day for {b} days. How many {t} in all?"),
+)
+CALC_OBSERVATION = re.compile(r"(?<=</calc>)(=\S*)")  # the calculator's reply right after a call, in a demo
+
+
+def calc(seed: int = 0, count: int = 1024) -> list[dict]:
+    """Word problems for the calculator tool (`env: calculator`): `Ann has 37 pens and buys 48 more. How many pens
+    now? Calc:` -> answer `85`. Column `demo` is the transcript of an episode that uses the tool, the calculator's
+    observation included as the environment appends it: `<calc>37+48</calc>=85 A=85`; the model's final answer
+    follows the last `A=` (reward `tagged_number`)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        op, template = rng.choice(_CALC_PROBLEMS)
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        if op == "-" and a < b:
+            a, b = b, a  # never more taken away than there is
+        name, other = rng.sample(_NAMES, 2)
+        question = template.format(n=name, m=other, t=rng.choice(_THINGS), a=a, b=b)
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        rows.append({"prompt": question + CALC_CUE, "answer": str(value),
+                     "demo": f"<calc>{a}{op}{b}</calc>={value} A={value}"})
+    return rows
+
+
+def demo_segments(demo: str) -> list[tuple[str, bool]]:
+    """A `demo` cut where an episode cuts it: (text, written by the model) pieces, the calculator's observations
+    (`=85` right after `</calc>`) being the environment's. Empty pieces are dropped."""
+    pieces = CALC_OBSERVATION.split(demo)
+    return [(text, i % 2 == 0) for i, text in enumerate(pieces) if text]

@@ -13,14 +13,16 @@ BASE_TASKS = ("arith", "repeat")
 
 
 def train_tokenizer(vocab_size: int = 384, *, seed: int = 0, rows: int = 4000, tasks: tuple[str, ...] = BASE_TASKS):
-    """Train the BPE on prompts+answers of the named built-in tasks (`arith`, `countdown`, ...); return a
+    """Train the BPE on prompts+answers (or +demos) of the named built-in tasks (`arith`, `countdown`, ...); return a
     PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     from rlflow.registry import resolve
 
-    text = [r["prompt"] + r["answer"] for name in tasks for r in resolve("task", f"builtin:{name}")(seed, rows)]
+    # a row with a tool-using `demo` (builtin:calc) is learned from it: the demo, not the bare answer, is what a
+    # warm start trains on
+    text = [r["prompt"] + (r.get("demo") or r["answer"]) for name in tasks for r in resolve("task", f"builtin:{name}")(seed, rows)]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]

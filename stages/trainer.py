@@ -35,7 +35,7 @@ class _MicroBatch:
     input_ids: torch.Tensor  # [b, L]
     attention_mask: torch.Tensor  # [b, L]
     targets: torch.Tensor  # [b, L-1] = input_ids[:, 1:]
-    mask: torch.Tensor  # [b, L-1] float, 1 where the target is a completion token
+    mask: torch.Tensor  # [b, L-1] float, 1 where the target is a generated completion token (not padding, not environment)
     behaviour_logprobs: torch.Tensor  # [b, L-1], 0 off the mask
     advantages: torch.Tensor  # [b]
     old_logprobs: torch.Tensor | None = None
@@ -215,7 +215,8 @@ class DeepSpeedTrainer:
                 ids[r, : p + c] = torch.tensor(list(t.prompt_ids) + list(t.completion_ids), dtype=torch.long)
                 attn[r, : p + c] = 1
                 # completion token j sits at position p + j and is predicted by the logits at p + j - 1
-                mask[r, p - 1 : p + c - 1] = 0.0 if padding else 1.0
+                # environment segments of a multi-turn episode (loss_mask 0) are context, not trained
+                mask[r, p - 1 : p + c - 1] = 0.0 if padding else torch.tensor(t.trained_mask(), dtype=torch.float32)
                 behaviour[r, p - 1 : p + c - 1] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
             batches.append(
                 _MicroBatch(

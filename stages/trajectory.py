@@ -32,6 +32,22 @@ class Trajectory:
     instance: int | None = None  # rollout instance that finished it
     task: str = "main"  # the task type (plan["tasks"]): picks the rollout and reward stages
     row: dict = field(default_factory=dict)  # the whole data row (its original columns), for reward functions
+    # Multi-turn episodes (stages/environment.py, rlflow/runtime/episodes.py); all empty for single-turn ones.
+    # completion_ids then interleaves generated turns with environment segments (observations).
+    loss_mask: list[int] = field(default_factory=list)  # per completion token: 1 generated (trained), 0 environment; empty = all 1
+    turn_starts: list[int] = field(default_factory=list)  # offset in completion_ids where each generated turn began
+    env_state: str = ""  # the episode's environment, pickled, while the trajectory is between instances mid-episode
+    env_reward: float = 0.0  # sum of the environment's step rewards
+    env_s: float = 0.0  # seconds the episode waited on its environment
+
+    @property
+    def turn_start(self) -> int:
+        """Offset of the turn being generated: stop strings and per-turn budgets count from here."""
+        return self.turn_starts[-1] if self.turn_starts else 0
+
+    def trained_mask(self) -> list[int]:
+        """One 0/1 per completion token: whether the trainer learns from it."""
+        return list(self.loss_mask) if self.loss_mask else [1] * len(self.completion_ids)
 
     @property
     def traj_id(self) -> str:

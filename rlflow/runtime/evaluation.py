@@ -152,24 +152,39 @@ def _sampling(engine, temperature: float, max_new_tokens: int):
         engine.temperature, engine.max_new_tokens = saved
 
 
-def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_new_tokens: int, tag: str) -> dict:
-    """Completions {(row index, sample index): text}, generated to the end on an idle engine."""
+def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_new_tokens: int, tag: str,
+             episodes=None) -> dict:
+    """Completions {(row index, sample index): text}, generated to the end on an idle engine; with `episodes`
+    (runtime/episodes.py), whole multi-turn episodes, their environments called between turns."""
     from rlflow.stages.trajectory import Trajectory
 
     done = {}
+
+    def finish(t) -> None:
+        done[(int(t.group_id.rsplit("-", 1)[1]), t.index)] = t.completion
+
     with _sampling(engine, temperature, max_new_tokens):
         for i, r in enumerate(rows):
             for j in range(samples):
-                engine.start(Trajectory(group_id=f"{tag}-{i}", index=j, prompt=r["prompt"], answer=r["answer"],
-                                        prompt_ids=list(r["prompt_ids"]), row=r.get("row", {})))
-        while not engine.idle:
-            for t in engine.step():
-                done[(int(t.group_id.rsplit("-", 1)[1]), t.index)] = t.completion
+                traj = Trajectory(group_id=f"{tag}-{i}", index=j, prompt=r["prompt"], answer=r["answer"],
+                                  prompt_ids=list(r["prompt_ids"]), row=r.get("row", {}))
+                if episodes:
+                    episodes.begin(traj)
+                engine.start(traj)
+        while not engine.idle or (episodes and episodes.waiting):
+            for t in engine.step() if not engine.idle else []:
+                if not (episodes and episodes.turn_ended(t)):
+                    finish(t)
+            for t in episodes.ready(wait_s=0.0 if not engine.idle else 0.5) if episodes else []:
+                if t.finish_reason:
+                    finish(t)
+                else:
+                    engine.start(t)
     return done
 
 
 def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: float, max_new_tokens: int,
-               edges: tuple[int, int] | None = None) -> tuple[list[dict], int]:
+               edges: tuple[int, int] | None = None, episodes=None) -> tuple[list[dict], int]:
     """Per-prompt results {greedy_reward, sample_rewards, bucket, greedy} and the number of reward calls that
     failed (scored 0)."""
     from rlflow.runtime.reward_call import as_reward, reward_caller
@@ -184,8 +199,9 @@ def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: floa
             failed += 1
             return 0.0
 
-    greedy = generate(engine, rows, 1, temperature=0.0, max_new_tokens=max_new_tokens, tag="greedy")
-    sampled = generate(engine, rows, k, temperature=temperature, max_new_tokens=max_new_tokens, tag="sample")
+    greedy = generate(engine, rows, 1, temperature=0.0, max_new_tokens=max_new_tokens, tag="greedy", episodes=episodes)
+    sampled = generate(engine, rows, k, temperature=temperature, max_new_tokens=max_new_tokens, tag="sample",
+                       episodes=episodes)
     edges = edges or bucket_edges([r["answer_tokens"] for r in rows])
     results = [{"greedy": greedy[(i, 0)], "greedy_reward": reward(greedy[(i, 0)], r),
                 "sample_rewards": [reward(sampled[(i, j)], r) for j in range(k)],
@@ -193,14 +209,14 @@ def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: floa
     return results, failed
 
 
-def evaluate(engine, tasks: dict[str, dict], k: int) -> dict:
+def evaluate(engine, tasks: dict[str, dict], k: int, episodes=None) -> dict:
     """Metrics over every task's held-out rows. tasks: name -> {"rows" (encoded), "reward_fn" (callable),
     "temperature", "max_new_tokens"}; several tasks add eval/<task>/... beside the overall metrics."""
     t0 = time.perf_counter()
     metrics, everything, failed = {}, [], 0
     for name, t in tasks.items():
         results, bad = score_task(engine, t["rows"], t["reward_fn"], k=k, temperature=t["temperature"],
-                                  max_new_tokens=t["max_new_tokens"])
+                                  max_new_tokens=t["max_new_tokens"], episodes=episodes)
         everything += results
         failed += bad
         if len(tasks) > 1:
@@ -235,14 +251,17 @@ class Evaluator:
     It is not a rollout instance: the coordinator never routes to it, nothing it generates reaches the trajectory
     store, the ledger or the staleness accounting. Calls queue in the actor, one at a time, in order."""
 
-    def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, dict], k: int):
+    def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, dict], k: int,
+                 episode: dict | None = None):
         from rlflow import registry
+        from rlflow.runtime.episodes import episodes_for
         from rlflow.runtime.model_shipping import local_model_dir
         from rlflow.runtime.rollout_worker import one_thread
 
         one_thread()
-        self.engine = registry.resolve("engine", engine)(local_model_dir(model_dir), instance_id=EVAL_INSTANCE,
-                                                         **engine_kwargs)
+        model_dir = local_model_dir(model_dir)
+        self.engine = registry.resolve("engine", engine)(model_dir, instance_id=EVAL_INSTANCE, **engine_kwargs)
+        self.episodes = episodes_for(episode, model_dir, engine_kwargs)  # multi-turn: episodes, as in training
         self.tasks = {n: {**t, "reward_fn": registry.resolve("reward", t["reward_fn"])} for n, t in tasks.items()}
         self.k = k
 
@@ -257,7 +276,7 @@ class Evaluator:
         if loaded["checksum"] != published.checksum:
             raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded['checksum']}, "
                                f"published {published.checksum}")
-        return {"version": version, **evaluate(self.engine, self.tasks, self.k)}
+        return {"version": version, **evaluate(self.engine, self.tasks, self.k, self.episodes)}
 
     def close(self) -> None:
         if hasattr(self.engine, "close"):
@@ -282,7 +301,8 @@ class Evaluations:
         if spec:
             self.actor = Evaluator.options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"],
                                            resources=spec.get("resources", {})).remote(
-                spec["engine"], ship_model(model_dir), spec["engine_kwargs"], prepare(spec, tokenizer, plan["source"]), spec["k"])
+                spec["engine"], ship_model(model_dir), spec["engine_kwargs"], prepare(spec, tokenizer, plan["source"]), spec["k"],
+                spec.get("episode"))
 
     def ready_refs(self) -> list:
         return [self.actor.ready.remote()] if self.actor else []
@@ -346,7 +366,11 @@ def eval_tasks(plan: dict | None, *, data: str | None, task: str | None, reward:
                 "seed": plan["pipeline"]["data"]["seed"] if plan else 0,
                 "top_p": rollouts[0]["engine_kwargs"]["top_p"] if rollouts else 1.0,
                 "max_running": rollouts[0]["engine_kwargs"]["max_running"] if rollouts else 64,
-                "max_model_len": plan["pipeline"]["model"]["max_model_len"] if plan else None}
+                "max_model_len": plan["pipeline"]["model"]["max_model_len"] if plan else None,
+                # completions end, and episodes call their environment, as in the run
+                "stop": rollouts[0]["engine_kwargs"].get("stop", []) if rollouts else [],
+                "max_turn_tokens": rollouts[0]["engine_kwargs"].get("max_turn_tokens") if rollouts else None,
+                "episode": rollouts[0].get("episode") if rollouts else None}
     ptasks = plan["tasks"] if plan else {}
     if task is not None and plan is not None and task not in ptasks:
         _bad(f"the run has no task '{task}' (tasks: {', '.join(ptasks)})", "name one of them", loc="--task")
@@ -412,9 +436,13 @@ def run_eval(model_dir: str, tasks: dict[str, dict], settings: dict, *, engine: 
     first = next(iter(prepared.values()))
     eng = registry.resolve("engine", engine)(model_dir, max_running=settings["max_running"], max_new_tokens=max_new,
                                              temperature=first["temperature"], top_p=settings["top_p"],
-                                             seed=settings["seed"], max_model_len=max_model_len)
+                                             seed=settings["seed"], max_model_len=max_model_len,
+                                             stop=settings.get("stop", ()), max_turn_tokens=settings.get("max_turn_tokens"))
+    from rlflow.runtime.episodes import episodes_for
+
+    episodes = episodes_for(settings.get("episode"), model_dir, {"max_new_tokens": max_new, "stop": settings.get("stop", ())})
     try:
-        return evaluate(eng, prepared, settings["k"])
+        return evaluate(eng, prepared, settings["k"], episodes)
     finally:
         if hasattr(eng, "close"):
             eng.close()

@@ -158,6 +158,7 @@ class RuntimeCoordinator:
 
         run = [view(t, per) for t in snap["run_trajs"] if t not in aborted]
         wait = [view(t) for t in snap["wait_trajs"] if t not in aborted]
+        env = [view(t) for t in snap.get("env_trajs", ()) if t not in aborted]  # multi-turn: between turns
         kv = per * len(run)
         for row in inst.routes:  # queued routes: admitted at the next step if the engine has room
             v = TrajView(traj_id(row), row["group_id"], row["version"], row_tokens(row))
@@ -168,7 +169,7 @@ class RuntimeCoordinator:
                 wait.append(v)
         version = inst.pull[0] if inst.pull else snap["version"]
         complete = 0 if inst.pull else snap["complete_trajs"] - self.complete_base[i]
-        return InstanceSnapshot(i, self.cost.k5 * kv, run, wait, complete, version, self.kv_prev[i])
+        return InstanceSnapshot(i, self.cost.k5 * kv, run, wait, complete, version, self.kv_prev[i], env)
 
     def _interrupt(self, inst, tids: list[str]) -> None:
         queued = {traj_id(r): r for r in inst.routes}
@@ -301,4 +302,4 @@ def _idle(inst) -> bool:
     """Nothing generating or waiting on the instance at its last report, and nothing queued for it."""
     snap = inst.snapshot
     return not inst.routes and not inst.interrupts and not inst.pull and (
-        snap is None or not (snap["run_trajs"] or snap["wait_trajs"]))
+        snap is None or not (snap["run_trajs"] or snap["wait_trajs"] or snap.get("env_trajs")))

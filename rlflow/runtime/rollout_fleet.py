@@ -65,7 +65,7 @@ class RolloutFleet:
         self.instances = [
             RolloutInstance(a["index"], RolloutWorker.options(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"],
                                                               resources=a.get("resources", {})).remote(
-                a["engine"], ship_model(model_dir), a["index"], a["engine_kwargs"], store))  # the model via the object store
+                a["engine"], ship_model(model_dir), a["index"], a["engine_kwargs"], store, a.get("episode")))  # the model via the object store
             for a in actors]
         self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
         pc = stage_coordination(plan, stage)
@@ -81,6 +81,10 @@ class RolloutFleet:
         self.t0 = time.monotonic()
         for k in ("rerouted", "aborted_trajectories"):
             counts.setdefault(k, 0)
+        self.episodic = "episode" in self.spec  # multi-turn (runtime/episodes.py): count turns and environment waits
+        if self.episodic:
+            for k in ("episodes", "episode_turns", "env_tokens", "env_wait_s"):
+                counts.setdefault(k, 0)
 
     def ready_refs(self) -> list:
         return [i.handle.ready.remote() for i in self.instances]
@@ -174,6 +178,8 @@ class RolloutFleet:
         inst.version, inst.snapshot = snap["version"], snap
         self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap["run_trajs"])))
         self.pull_s += result["pull_s"]
+        if self.episodic:
+            self._count_episodes(result)
         for meta in result["finished"]:
             tid = member_id(meta["group_id"], meta["index"])
             self.lengths[tid] = meta["tokens"]
@@ -190,6 +196,16 @@ class RolloutFleet:
                 self._group_done(gid, done)
         # partial rollouts back to the TS, or to the instance a Route waits with
         self.counts["rerouted"] += self.coordination.returned(inst, result["interrupted"], self.instances)
+
+    def _count_episodes(self, result: dict) -> None:
+        """Turns, environment tokens and environment time of the episodes that ended; trajectories now waiting on
+        an environment (the snapshot's env_trajs) per instance."""
+        for meta in result["finished"]:
+            self.counts["episodes"] += 1
+            self.counts["episode_turns"] += meta["turns"]
+            self.counts["env_tokens"] += meta["env_tokens"]
+            self.counts["env_wait_s"] += meta["env_s"]
+        self.counts[f"env_waiting_{self.stage}_{result['instance']}"] = len(result["snapshot"].get("env_trajs", ()))
 
     def _group_done(self, gid: str, done) -> None:
         self._abort_members(done.surplus)

@@ -31,16 +31,25 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
+#: longest a step call waits for an environment when the engine has nothing to generate (no busy loop)
+ENV_WAIT_S = 0.5
+
+
 @ray.remote
 class RolloutWorker:
     """One rollout instance of one rollout stage."""
 
-    def __init__(self, engine: str, model_dir, instance_id: int, engine_kwargs: dict, store):
+    def __init__(self, engine: str, model_dir, instance_id: int, engine_kwargs: dict, store, episode: dict | None = None):
+        """episode: for a stage with an environment, {"env", "env_kwargs", "max_turns"} (plan.py): multi-turn."""
         one_thread()
         model_dir = local_model_dir(model_dir)  # a ShippedModel (model_shipping.py) becomes a directory on this node
         self.instance_id = instance_id
         self.engine = registry.resolve("engine", engine)(model_dir, instance_id=instance_id, **engine_kwargs)
         self.store = store
+        from rlflow.runtime.episodes import episodes_for
+
+        self.episodes = episodes_for(episode, model_dir, engine_kwargs)  # multi-turn: environments between turns
+        self.turns_not_complete = 0  # engine completions that were turns handed to an environment, not episodes
 
     def ready(self) -> int:
         return self.instance_id
@@ -61,26 +70,74 @@ class RolloutWorker:
             loaded = self.engine.load_weights(state, version)
             del state  # the engine copied what it needs; drop the views so the store may free the version
             pull_s = time.perf_counter() - t1
+        episodes, done, interrupted = self.episodes, [], []
         for tid in abort:
-            self.engine.abort(tid)
-        interrupted = [t.as_dict() for t in (self.engine.interrupt(tid) for tid in interrupt) if t is not None]
+            if not (episodes and episodes.drop(tid)):
+                self.engine.abort(tid)
+        for tid in interrupt:
+            traj = self._interrupt(tid)
+            if traj is None:
+                continue
+            if traj.finish_reason == "interrupt":
+                interrupted.append(traj)
+            else:  # its environment ended the episode meanwhile: complete, not partial
+                done.append(traj)
+                self.turns_not_complete -= 1
+        interrupted = [t.as_dict() for t in interrupted]
         for row in route:
-            self.engine.start(Trajectory.from_dict(row))
-        finished, busy = [], 0.0
+            traj = Trajectory.from_dict(row)
+            if episodes:
+                episodes.begin(traj)
+            self.engine.start(traj)
+        if episodes:  # environment steps that came back: next turns, or episodes the environment ended
+            for traj in episodes.ready(wait_s=0.0 if not self.engine.idle else ENV_WAIT_S):
+                if traj.finish_reason:
+                    done.append(traj)
+                    self.turns_not_complete -= 1  # its last turn, handed to the environment, ended the episode
+                else:
+                    self.engine.start(traj)
+        busy = 0.0
         if not self.engine.idle:
             t0 = time.perf_counter()
             try:
-                finished = [t.as_dict() for t in self.engine.step()]
+                turns = self.engine.step()
             except EngineDied as e:
                 # Fault isolation (laminar.txt §3.3, §4.3): this instance leaves; the driver sees the actor die
                 # and re-routes its trajectories to the others.
                 print(f"rollout instance {self.instance_id}: {e}; exiting", flush=True)
                 ray.actor.exit_actor()
             busy = time.perf_counter() - t0
+            for t in turns:
+                if episodes and episodes.turn_ended(t):
+                    self.turns_not_complete += 1
+                else:
+                    done.append(t)
+        finished = [t.as_dict() for t in done]
         if finished:
             ray.get(self.store.put.remote(finished))  # payload in the store before the driver hears of it
-        meta = [{k: t[k] for k in ("group_id", "index", "version", "finish_reason")} | {"tokens": len(t["completion_ids"])}
+        meta = [{k: t[k] for k in ("group_id", "index", "version", "finish_reason", "env_s")}
+                | {"tokens": len(t["completion_ids"]), "turns": len(t["turn_starts"]) or 1, "env_tokens": t["loss_mask"].count(0)}
                 for t in finished]
-        return {"instance": self.instance_id, "finished": meta, "interrupted": interrupted,
-                "snapshot": self.engine.snapshot(), "busy_s": busy, "pull_s": pull_s, "idle": self.engine.idle,
+        snapshot = self.engine.snapshot()
+        if episodes:
+            snapshot["env_trajs"] = episodes.waiting_ids()  # between turns, on their environment
+            snapshot["complete_trajs"] -= self.turns_not_complete  # episodes, as the coordinator counts them
+        return {"instance": self.instance_id, "finished": meta, "interrupted": interrupted, "snapshot": snapshot,
+                "busy_s": busy, "pull_s": pull_s, "idle": self.engine.idle and not (episodes and episodes.waiting),
                 "loaded": loaded}
+
+    def _interrupt(self, tid: str):
+        """Hand a trajectory back partial: off the engine, or (multi-turn) from its environment; its episode's
+        environment travels with it."""
+        traj = self.engine.interrupt(tid)
+        if self.episodes is None:
+            return traj
+        if traj is None:
+            traj = self.episodes.take(tid)
+            if traj is None or traj.finish_reason:
+                return traj  # not here, or the environment ended the episode: complete, not partial
+            traj.finish_reason = "interrupt"
+            traj.completion = self.episodes.tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+            traj.instance = self.instance_id
+        self.episodes.leave(traj)
+        return traj

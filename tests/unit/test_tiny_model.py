@@ -79,7 +79,7 @@ def test_cache_key_separates_task_seed_and_settings(quick_build):
 
 
 def test_unknown_task_names_the_choices():
-    with pytest.raises(ValueError, match="arith, code, countdown, repeat, word_problems"):
+    with pytest.raises(ValueError, match="arith, calc, code, countdown, repeat, word_problems"):
         build_tiny_llama("sorting")
 
 

@@ -217,3 +217,21 @@ def test_lr_schedule_sets_the_rate_of_each_step_and_resumes_from_the_version(mod
         assert again.train_step(batch, GROUP)["lr"] == pytest.approx(5e-4)  # step 3 of 3: the floor, not a restart
     finally:
         again.close()
+
+
+def test_environment_tokens_are_context_not_trained(model_dir):
+    """Multi-turn: completion tokens with loss_mask 0 (environment observations) count in no loss, importance
+    weight or token normaliser: junk behaviour log-probs there would blow the weights up if they did."""
+    batch = make_batch(load_hf(model_dir), seed=5)
+    masked = []
+    for t in batch:
+        mask = [1 if j % 3 else 0 for j in range(len(t.completion_ids))]  # every third token "from the environment"
+        logprobs = [lp if m else -50.0 for lp, m in zip(t.behaviour_logprobs, mask)]
+        masked.append(Trajectory(**{**t.as_dict(), "loss_mask": mask, "behaviour_logprobs": logprobs}))
+    tr = trainer(model_dir, 0, micro_batch_size=16)
+    try:
+        m = tr.train_step(masked, GROUP)
+    finally:
+        tr.close()
+    assert m["tokens"] == sum(t.loss_mask.count(1) for t in masked) < sum(len(t.completion_ids) for t in masked)
+    assert m["importance_weight_max"] == pytest.approx(1.0, abs=1e-4)  # on-policy over the trained tokens only

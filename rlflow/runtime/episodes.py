@@ -1,0 +1,171 @@
+"""Multi-turn episodes inside a rollout instance: between turns, a trajectory goes to its environment.
+
+A turn is one generation segment on the engine. When it ends at one of the stage's stop strings (a tool
+call) and the episode has turns left, the worker hands the trajectory here instead of reporting it: its
+environment's `step` runs on a thread pool while the engine generates other trajectories (verl's AgentLoop
+and Laminar's long-tail argument: environment latency is where asynchrony pays). The observation comes back
+as an environment segment of completion_ids (loss mask 0, behaviour log-prob 0), the next turn begins, and
+the trajectory goes back to the engine as a continuation: the partial-rollout resume path (prompt plus
+completion so far, re-prefilled). The driver hears of the trajectory once, when its episode is over, so the
+buffer, ledger and staleness bound see one trajectory as for single-turn rollouts; V_traj is the oldest
+version over all its turns (RolloutEngine.begin_segment stamps every segment).
+
+The environment contract is in stages/environment.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from rlflow.stages.environment import Environment, EnvStep
+from rlflow.stages.trajectory import Trajectory
+
+#: longest wait for one environment step when the worker has nothing else to do, or is asked for the trajectory
+ENV_STEP_TIMEOUT_S = 120.0
+
+
+class Episodes:
+    """The environments of one rollout instance's open episodes, and the trajectories waiting on them."""
+
+    def __init__(self, env_cls, env_kwargs: dict, *, max_turns: int, tokenizer, max_new_tokens: int,
+                 stop: tuple[str, ...], threads: int = 8):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.env_cls, self.env_kwargs = env_cls, dict(env_kwargs)
+        self.max_turns, self.tokenizer, self.max_new_tokens, self.stop = max_turns, tokenizer, max_new_tokens, stop
+        self.envs: dict[str, Environment] = {}  # traj id -> its episode's environment (open episodes here)
+        self.waiting: dict[str, tuple[Trajectory, Future, float]] = {}  # on their environment: (traj, step, since)
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env")
+
+    # ------------------------------------------------------------------ routing
+    def begin(self, traj: Trajectory) -> None:
+        """A trajectory routed here: a fresh one starts its episode (reset); one resumed mid-episode brings its
+        environment along (env_state)."""
+        tid = traj.traj_id
+        if traj.env_state:
+            self.envs[tid] = pickle.loads(base64.b64decode(traj.env_state))
+            traj.env_state = ""
+        elif not traj.completion_ids:
+            env = self.env_cls(**self.env_kwargs)
+            self.envs[tid] = env
+            traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
+            self._append(traj, env.reset(traj.row | {"prompt": traj.prompt, "answer": traj.answer}))
+            traj.turn_starts.append(len(traj.completion_ids))
+        elif tid not in self.envs:
+            raise ValueError(f"trajectory {tid} resumes an episode without its environment (env_state is empty)")
+
+    def turn_ended(self, traj: Trajectory) -> bool:
+        """A turn finished on the engine. True: it went to its environment (a tool call with turns left);
+        False: the episode is over and the trajectory is final."""
+        action = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
+        tool_call = traj.finish_reason == "stop" and any(s in action for s in self.stop)
+        env = self.envs.get(traj.traj_id)
+        if env is None or not tool_call or len(traj.turn_starts) >= self.max_turns:
+            self._close(traj)
+            return False
+        self.waiting[traj.traj_id] = (traj, self.pool.submit(env.step, action), time.monotonic())
+        return True
+
+    def ready(self, wait_s: float = 0.0) -> list[Trajectory]:
+        """Trajectories whose environment step is done, each with its observation appended and its next turn
+        begun, ready to go back to the engine; plus (finish_reason set) any whose episode the step ended. Waits up
+        to `wait_s` for the first when none is done yet."""
+        if not self.waiting:
+            return []
+        if wait_s > 0:
+            wait([f for _, f, _ in self.waiting.values()], timeout=wait_s, return_when=FIRST_COMPLETED)
+        out = []
+        for tid in [t for t, (_, f, _) in self.waiting.items() if f.done()]:
+            out.append(self._resolve(tid))
+        return out
+
+    def take(self, tid: str) -> Trajectory | None:
+        """Hand back a trajectory waiting on its environment (an interrupt: migration, a weight sync): its step
+        is awaited and applied, and the environment travels inside the trajectory. None if not waiting here."""
+        if tid not in self.waiting:
+            return None
+        traj = self._resolve(tid, timeout_s=ENV_STEP_TIMEOUT_S)
+        return traj
+
+    def leave(self, traj: Trajectory) -> None:
+        """The trajectory leaves this instance mid-episode (interrupted on the engine): pack its environment."""
+        env = self.envs.pop(traj.traj_id, None)
+        if env is not None:
+            traj.env_state = base64.b64encode(pickle.dumps(env)).decode()
+
+    def drop(self, tid: str) -> bool:
+        """Abort: forget the episode (a running step finishes in its thread and is ignored)."""
+        self.envs.pop(tid, None)
+        return self.waiting.pop(tid, None) is not None
+
+    def waiting_ids(self) -> list[str]:
+        return list(self.waiting)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ internals
+    def _resolve(self, tid: str, timeout_s: float | None = None) -> Trajectory:
+        traj, future, since = self.waiting.pop(tid)
+        try:
+            result = future.result(timeout=timeout_s)
+            if not isinstance(result, tuple) or len(result) != 3:
+                raise TypeError(f"step() returned {type(result).__name__}, not EnvStep(observation, reward, done)")
+            result = EnvStep(*result)
+        except TimeoutError:  # asked for it (an interrupt) and it did not come: the episode ends here, complete
+            result = EnvStep(f"environment timed out after {timeout_s:.0f} s", 0.0, True)
+        except Exception as e:  # noqa: BLE001 - the environment broke its contract (stages/environment.py): end the episode
+            result = EnvStep(f"environment error: {type(e).__name__}", 0.0, True)
+        traj.env_s += time.monotonic() - since
+        traj.env_reward += float(result.reward)
+        if result.done:
+            self._close(traj)
+            traj.finish_reason = traj.finish_reason or "stop"
+            return traj
+        if not self._append(traj, result.observation):
+            self._close(traj)
+            traj.finish_reason = "length"  # the observation filled the episode's token budget
+            return traj
+        traj.turn_starts.append(len(traj.completion_ids))
+        traj.finish_reason = ""
+        return traj
+
+    def _append(self, traj: Trajectory, text: str) -> bool:
+        """Append `text` as an environment segment; False when it did not fit in max_new_tokens (cut to fit)."""
+        generated = len(traj.completion_ids) - len(traj.loss_mask)
+        traj.loss_mask.extend([1] * generated)  # the turn just generated
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        room = self.max_new_tokens - len(traj.completion_ids)
+        fits = len(ids) < room  # at least one token left for the next turn
+        ids = ids[:max(0, room)]
+        traj.completion_ids.extend(ids)
+        traj.behaviour_logprobs.extend([0.0] * len(ids))
+        traj.loss_mask.extend([0] * len(ids))
+        return fits
+
+    def _close(self, traj: Trajectory) -> None:
+        """The episode is over: the mask covers every token, and the text is the whole transcript."""
+        self.envs.pop(traj.traj_id, None)
+        traj.loss_mask.extend([1] * (len(traj.completion_ids) - len(traj.loss_mask)))
+        traj.completion = self.tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+        if traj.finish_reason == "stop" and traj.turn_start < len(traj.completion_ids):
+            head = self.tokenizer.decode(traj.completion_ids[:traj.turn_start], skip_special_tokens=True)
+            turn = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
+            found = [i for i in (turn.find(s) for s in self.stop) if i >= 0]
+            traj.completion = head + (turn[:min(found)] if found else turn)
+
+
+def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episodes | None:
+    """The Episodes of an actor whose plan entry has an `episode` (plan.py `_episode`); None for single-turn."""
+    if not episode:
+        return None
+    from transformers import AutoTokenizer
+
+    from rlflow import registry
+
+    return Episodes(registry.resolve("env", episode["env"]), episode.get("env_kwargs", {}),
+                    max_turns=episode["max_turns"], tokenizer=AutoTokenizer.from_pretrained(model_dir),
+                    max_new_tokens=engine_kwargs["max_new_tokens"], stop=tuple(engine_kwargs.get("stop", ())))

@@ -1,0 +1,54 @@
+"""A multi-turn pipeline (pipelines/agentic_calc.yaml: the calculator environment in the sandbox) on the real
+stack: episodes alternate turns and calculator calls, the trainer receives them whole with environment tokens
+masked out, and the staleness bound, the ledger and the coordinator's speculative state hold across turns."""
+
+from __future__ import annotations
+
+import pytest
+from runs import plan_for
+from test_run import assert_accounted
+
+pytestmark = pytest.mark.integration
+
+
+def test_agentic_pipeline_trains_whole_episodes(ray_cluster, workdir):
+    import ray
+
+    from rlflow.runtime.driver import Run
+
+    trained: list[dict] = []
+
+    class Recording(Run):
+        def _start(self):
+            super()._start()
+            start = self.sink.start
+
+            def recording(rewards, version, info, submit):  # what the trainer is about to take from the store
+                trained.extend(ray.get(self.store.peek.remote(list(rewards)), timeout=60))
+                start(rewards, version, info, submit)
+            self.sink.start = recording
+
+    from pathlib import Path
+
+    plan = plan_for("agentic_calc", "data.eval_size=16", "stages.rollout.env_kwargs.latency_s=0.05")
+    run = Recording(plan, out_dir=Path(".rlflow/runs/agentic"), log=lambda *a, **k: None)
+    run.run()
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_accounted(run)  # conservation, staleness <= eta, ledger: episodes count as one trajectory each
+    n = run.counts
+    assert n["episodes"] >= len(trained) > 0 and n["episode_turns"] > n["episodes"]  # tool calls happened
+    assert n["coord_resyncs"] == 0  # snapshots (env_trajs, episode completions) agree with the speculative state
+    tool_users = [t for t in trained if len(t["turn_starts"]) > 1]
+    assert tool_users
+    for t in trained:
+        assert len(t["loss_mask"]) == len(t["completion_ids"]) == len(t["behaviour_logprobs"])
+        assert t["version"] == min(t["versions_seen"])
+        assert 1 <= len(t["turn_starts"]) <= plan["pipeline"]["stages"]["rollout"]["max_turns"]
+    for t in tool_users:
+        start = t["turn_starts"][1]
+        zeros = [i for i, m in enumerate(t["loss_mask"]) if m == 0]
+        assert zeros and max(zeros) < start  # the calculator's reply sits between the turns, untrained
+        assert all(t["behaviour_logprobs"][i] == 0.0 for i in zeros)
+        assert "</calc>=" in t["completion"]  # the transcript: the call, then the calculator's reply
+    evals = [e for e in run.metrics.evals]
+    assert [e["step"] for e in evals] == [0, 3] and all(e["eval/prompts"] == 16 for e in evals)
