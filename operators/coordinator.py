@@ -127,6 +127,7 @@ class Coordinator:
             if trajs:
                 cmds.append(self.issue(Interrupt(idx, tuple(trajs))))
             cmds.append(self.issue(Pull(idx, ps)))
+            self._keep_env(inst)
             inst.discard(trajs, k5)
             inst.complete_trajs = 0
             inst.inst_version = ps
@@ -149,6 +150,11 @@ class Coordinator:
                 cmds.append(self.issue(route))
         return cmds
 
+    def _keep_env(self, inst: InstanceSnapshot) -> None:
+        """A Pull interrupts run and wait only: episodes between turns stay on the instance (they come back to its
+        engine), so P counts them after the pull, where Table 1 resets accum_traj_num to 0."""
+        self.P.accum_traj_num[inst.idx] += len(inst.env_trajs)
+
     def _repack(self, src: InstanceSnapshot, dst: InstanceSnapshot, ps: int, k5: float) -> list[Command]:
         """Laminar §5.1 step 3: move the source's work onto the destination; the released source pulls the latest."""
         trajs = src.run_trajs + src.wait_trajs
@@ -158,6 +164,7 @@ class Coordinator:
         dst.kv_cache += k5 * sum(t.tokens for t in trajs)
         if src.inst_version < ps:
             out.append(self.issue(Pull(src.idx, ps)))
+            self._keep_env(src)
             src.complete_trajs = 0
             src.inst_version = ps
         return out

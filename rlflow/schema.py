@@ -146,6 +146,15 @@ class WorkloadSpec(Strict):
     """Longest response, tokens (usually the rollout's max_new_tokens)."""
     concurrency: PositiveInt | None = None
     """Samples generated at once over all instances (C); default: replicas * max_running."""
+    turns: PositiveInt | None = None
+    """Generation turns per episode (multi-turn rollouts); mean_length is the episode's generated total, split
+    evenly over its turns. Default: the rollout stage's max_turns (every episode uses all its turns), else 1."""
+    env_latency_s: NonNegFloat | None = None
+    """Mean seconds of one environment step, between two turns. Default: the environment's `latency_s`
+    (env_kwargs), else 0."""
+    env_latency: Literal["fixed", "exponential"] | None = None
+    """Environment step time law: fixed (every step env_latency_s) or exponential (mean env_latency_s).
+    Default: the environment's `latency` (env_kwargs), else fixed."""
 
 
 # --------------------------------------------------------------------------- stages

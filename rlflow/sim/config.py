@@ -12,6 +12,7 @@ WEIGHT_SYNC = ("global", "per_instance", "greedy", "throughput_aware")
 ROUTING = ("least_loaded", "cost_model")
 MIGRATION = ("none", "threshold", "repack")
 DISPATCH = ("none", "skew_aware")
+ENV_LATENCY = ("fixed", "exponential")
 
 
 class SimConfigError(ValueError):
@@ -93,6 +94,10 @@ class SimConfig:
     mu: float = 0.3  # waterfall threshold (StaleFlow §6.1)
     phi_wait: int = 3
     phi_throughput: float = 5.0
+    # multi-turn episodes: a sample's length is split evenly over its turns; between turns it leaves the engine
+    turns: int = 1  # generation turns per episode
+    env_latency_s: float = 0.0  # mean seconds of one environment step (turns - 1 steps per episode)
+    env_latency: str = "fixed"  # "fixed" | "exponential" (drawn from a stream seeded by `seed`)
     trainer: TrainerModel = field(default_factory=lambda: TrainerModel(t_step=1.0))
     steps: int = 100  # train steps to simulate
     warmup_steps: int = 10  # steps excluded from steady-state statistics
@@ -119,7 +124,11 @@ class SimConfig:
             errors.append("weight_sync: slots mode models the closed form's instant in-flight sync; use 'global'")
         if self.mode == "cost_model" and self.profile is None:
             errors.append("profile: cost_model mode needs a CostProfile (e.g. CostProfile.load('staleflow-table4-qwen3-30b-a3b'))")
-        for name in ("instances", "slots", "group_size", "batch_groups", "steps"):
+        if self.env_latency not in ENV_LATENCY:
+            errors.append(f"env_latency: unknown {self.env_latency!r}; use one of {ENV_LATENCY}")
+        if self.env_latency_s < 0:
+            errors.append(f"env_latency_s: must be >= 0 s, got {self.env_latency_s}")
+        for name in ("instances", "slots", "group_size", "batch_groups", "steps", "turns"):
             if getattr(self, name) < 1:
                 errors.append(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.speed <= 0:

@@ -5,6 +5,10 @@ per decode step and the KV cache grows by k5*n per step, so step j after the cha
 a + d*j seconds (Eq. 11 with kv growing linearly, d = k1*k5*n); x steps take the arithmetic sum
 a*x + d*x*(x-1)/2, so the next completion or KV overflow is one quadratic away. Progress is kept
 as a real-valued step counter so that work can join mid-step (continuous batching, to within one step).
+
+Multi-turn episodes: a sample whose turn ends (not its last) leaves the running set, waits on its environment
+(`env`: no slot, no KV) and rejoins the waiting queue's tail as a continuation, re-prefilling prompt + generated
+as a resumed partial rollout does.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Instance:
         self.accepting = True  # False while draining before a pull
         self.running: dict[int, Sample] = {}  # insertion order = admission order (newest is preempted first)
         self.waiting: deque[Sample] = deque()
+        self.env: dict[int, Sample] = {}  # episodes between turns, waiting on their environment (by id)
         self._finish: list[tuple[float, int, Sample]] = []  # heap by finish progress; stale entries skipped
         self._seq = count()
         self.progress = 0.0  # decode steps done, continuous
@@ -61,7 +66,8 @@ class Instance:
         return self._off + len(self.running) * self.progress
 
     def empty(self) -> bool:
-        return not self.running and not self.waiting
+        """Drained: nothing running, waiting, or between turns (a sync waits for whole episodes)."""
+        return not self.running and not self.waiting and not self.env
 
     def has_capacity(self) -> bool:
         """StaleFlow Eq. 3: a routed trajectory runs at once only if it fits and nothing is waiting."""
@@ -131,8 +137,11 @@ class Instance:
             _, _, sample = heapq.heappop(heap)
             if self.running.get(id(sample)) is sample:
                 self._remove(sample)
-                self.completed += 1
-                sim.sample_done(sample)
+                if sample.last_turn:
+                    self.completed += 1
+                    sim.sample_done(sample)
+                else:
+                    self._to_env(sample)
         if self.kv_tokens() >= self.p.kv_tokens - 1e-6:
             self._preempt()
         self.admit_waiting()
@@ -146,7 +155,7 @@ class Instance:
             sample.version = self.version
         sample.join = self.progress
         sample.contrib = sample.prompt + sample.generated - self.progress
-        sample.finish = self.progress + (sample.length - sample.generated)
+        sample.finish = self.progress + (sample.turn_end - sample.generated)
         self._off += sample.contrib
         sample.where = self
         self.running[id(sample)] = sample
@@ -199,10 +208,13 @@ class Instance:
             sample.where = None
 
     def abort(self, sample: Sample) -> None:
-        """Drop a sample held here (running or waiting)."""
+        """Drop a sample held here (running, waiting, or on its environment)."""
         self.advance(self.sim.now)
         if self.running.get(id(sample)) is sample:
             self._remove(sample)
+        elif self.env.pop(id(sample), None) is sample:
+            sample.where = None
+            self.sim.env_left()
         else:
             self.waiting.remove(sample)
             sample.where = None
@@ -214,6 +226,20 @@ class Instance:
         if not self.running:
             self._off = 0.0  # shed float drift
         self.sim.timeline.record(self.idx, self.sim.now, len(self.running))
+
+    def _to_env(self, sample: Sample) -> None:
+        """A turn ended on a tool call: the sample leaves the engine until its environment step is done."""
+        sample.end_turn()
+        sample.where = self
+        self.env[id(sample)] = sample
+        self.sim.env_step(sample, self._on_env_done)
+
+    def _on_env_done(self, sample: Sample) -> None:
+        if self.env.pop(id(sample), None) is not sample:
+            return  # aborted meanwhile
+        self.sim.env_left()
+        self.enqueue(sample)  # a continuation: back to this engine, whatever sync is pending (episodes finish here)
+        self.fleet.touch(self)
 
     def _preempt(self) -> None:
         """KV full: move the newest running samples back to the head of the waiting queue (recompute)."""

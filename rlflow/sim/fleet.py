@@ -7,6 +7,8 @@ Sync rules (one line each, as the simulator applies them):
   has drained (finished its work on the old weights), all pull at once (a global barrier).
 - per_instance (Laminar-style): an instance behind the latest version takes no new work, finishes
   what it holds on its own weights, then pulls; no instance waits for another.
+An episode between turns stays with its instance (not routed, not migrated) and comes back to it as a
+continuation; "drained" and "finishes what it holds" include those episodes, as in the runtime.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import random
 
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.operators.dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
-from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim.engine import Instance
 from rlflow.sim.trajectories import Group
 
@@ -175,7 +177,7 @@ class CoordinatedFleet(Fleet):
 
     def _inst_snapshot(self, inst: Instance) -> InstanceSnapshot:
         return InstanceSnapshot(inst.idx, inst.p.k5 * inst.kv_tokens(), list(inst.running.values()),
-                                list(inst.waiting), inst.completed, inst.version, inst.kv_prev)
+                                list(inst.waiting), inst.completed, inst.version, inst.kv_prev, list(inst.env.values()))
 
     def _top_up(self) -> None:
         """Keep one batch of initial groups (B x S trajectories) in the TS (§5.1: the TS samples ahead)."""
@@ -183,7 +185,7 @@ class CoordinatedFleet(Fleet):
         new = []
         while len(self.ts.initial) < sim.cfg.batch_groups:
             gid = next(sim._gids)
-            group = Group(gid, None, sim.sampler.draw(sim.cfg.group_size), sim.cfg.prompt_tokens)
+            group = sim.new_group(gid, None)
             self.ts.initial[gid] = group
             new.extend(group.samples)
         if new and self.cfg.dispatch == "skew_aware":
@@ -195,7 +197,7 @@ class CoordinatedFleet(Fleet):
         predicted = [s.length * self._rng.lognormvariate(0, noise) if noise else s.length for s in samples]
         recent = self._recent[-4096:] or [s.length for s in samples]
         p = self.instances[0].p
-        ptl = lambda bs: p.step_latency(p.k5 * bs * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50)), bs)  # noqa: E731
+        ptl = lambda bs: p.step_latency(p.k5 * bs * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50)), bs)
         plan = skew_aware_dispatch(samples, predicted, len(self.instances), recent, ptl,
                                    alpha=self.cfg.long_tail_fraction,
                                    max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (self.sim.cfg.prompt_tokens + l)))))
@@ -209,7 +211,7 @@ class CoordinatedFleet(Fleet):
     def _lanes(self):
         long_insts = frozenset(range(self._n_long))
         rest = frozenset(range(self._n_long, len(self.instances)))
-        is_long = lambda t: id(t) in self._long  # noqa: E731
+        is_long = lambda t: id(t) in self._long
         return [(is_long, long_insts), (lambda t: not is_long(t), rest)]
 
     def _reserve(self, gid: int, version: int) -> None:

@@ -34,6 +34,33 @@ def load_profile(profile: str | None, notes: list[str], hint: str = "pass --prof
     return read_profile(profile)
 
 
+def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
+    """turns / env_latency_s / env_latency: the workload block's, else read off the rollout stage's environment."""
+    env, kwargs = rollout.get("env"), rollout.get("env_kwargs") or {}
+    turns, latency_s, law = w.get("turns"), w.get("env_latency_s"), w.get("env_latency")
+    read = []  # what came from the stage rather than the workload block
+    if turns is None:
+        turns = rollout.get("max_turns", 1) if env else 1
+        if turns > 1:
+            read.append(f"turns = max_turns = {turns} (every episode assumed to use all its turns)")
+    elif turns > 1 and not env:
+        notes.append(f"workload.turns = {turns}, but rollout stage has no env: simulating {turns}-turn episodes anyway")
+    if latency_s is None:
+        latency_s = float(kwargs.get("latency_s", 0.0)) if env else 0.0
+        if turns > 1:
+            read.append(f"env_latency_s = env_kwargs.latency_s = {latency_s:g}" if "latency_s" in kwargs
+                        else "env_latency_s = 0 (env_kwargs has no latency_s; the step's own run time is not known)")
+    if law is None:
+        law = kwargs.get("latency", "fixed") if env else "fixed"
+        if turns > 1 and latency_s > 0 and "latency" in kwargs:
+            read.append(f"env_latency = env_kwargs.latency = {law}")
+    if read:
+        notes.append(f"multi-turn episodes from env {env!r}: " + "; ".join(read)
+                     + "; generated tokens split evenly over turns, observation tokens not modelled"
+                     + " (set workload.turns / env_latency_s / env_latency to change)")
+    return dict(turns=turns, env_latency_s=latency_s, env_latency=law)
+
+
 def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
                seed: int | None = None) -> tuple[SimConfig, list[str]]:
@@ -60,7 +87,8 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control["batch_size"],
                   policy=control["kind"], eta=control["eta"], capacity=control["capacity"],
                   batch_redundancy=control["batch_redundancy"], steps=steps, warmup_steps=min(10, steps // 5),
-                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens)
+                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens,
+                  **episodes(rollout, w, notes))
     if mode == "slots":
         if not w["rollout_tokens_per_s"]:
             raise ValueError("slots mode needs workload.rollout_tokens_per_s (set it in the pipeline or with --set)")

@@ -73,7 +73,7 @@ def expected_length(spec: LengthSpec) -> float:
         return min(spec.mean, spec.cap) if spec.cap is not None else spec.mean
     # E[min(L, c)] for L = m exp(sigma z - sigma^2/2): m Phi(a - sigma) + c (1 - Phi(a)), a = (ln(c/m) + sigma^2/2) / sigma
     a = (math.log(spec.cap / spec.mean) + sigma * sigma / 2) / sigma
-    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
     return spec.mean * phi(a - sigma) + spec.cap * (1 - phi(a))
 
 

@@ -3,12 +3,14 @@
 The loop drives a real StalenessPolicy (operators/policy_kinds.py `make_policy`) exactly as an executor
 must: verify(weights version) then reserve when a unit has room; occupy(min member version) when
 all S samples of a group finished; consume() when the trainer is idle and the policy is ready; the
-weights version advances when the step ends and is published to the rollout side.
+weights version advances when the step ends and is published to the rollout side. A multi-turn sample
+finishes when its last turn does; the policy never sees its turns or environment steps.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 import time
 from itertools import count
 
@@ -49,6 +51,7 @@ class Simulation:
         self.cfg = config
         self.policy = policy if policy is not None else build_policy(config)
         self.sampler = LengthSampler(config.lengths, np.random.default_rng(config.seed))
+        self._env_rng = random.Random(f"env-latency/{config.seed}")  # own stream: lengths do not move with turns
         self._check_lengths_fit()
         self.now = 0.0
         self.weights = 0  # latest published weights version (train steps finished)
@@ -78,6 +81,11 @@ class Simulation:
         self._trained_lengths: list[int] = []
         self._sampled_lengths: list[int] = []
         self._train_steps: list[tuple[float, float]] = []
+        self.env_waiting = 0  # samples between turns, waiting on their environment
+        self.env_steps = 0  # environment steps started (whole run)
+        self._env_area = 0.0  # integral of env_waiting over time
+        self._env_t = 0.0
+        self._env_area_at_warm = 0.0
         if config.mode == "slots":
             stagger = expected_length(config.lengths) / config.speed if config.stagger else 0.0
             self.rollout = SlotPool(self, config.slots, config.speed, config.instances, stagger)
@@ -102,10 +110,35 @@ class Simulation:
         gid = next(self._gids)
         self.policy.reserve(gid, version)
         self.state_epoch += 1
-        group = Group(gid, version, self.sampler.draw(self.cfg.group_size), self.cfg.prompt_tokens)
+        group = self.new_group(gid, version)
         self.groups[gid] = group
         self.ts.put(group)
         return self.ts.take(version)
+
+    def new_group(self, gid: int, version: int | None) -> Group:
+        """The S samples of a fresh prompt, lengths drawn."""
+        cfg = self.cfg
+        return Group(gid, version, self.sampler.draw(cfg.group_size), cfg.prompt_tokens, cfg.turns)
+
+    def env_step(self, sample: Sample, done) -> None:
+        """`sample` ended a turn (not its last) and left its engine: `done(sample)` runs when its environment
+        step does, env_latency_s later (fixed) or an exponential draw of that mean."""
+        cfg = self.cfg
+        latency = cfg.env_latency_s
+        if cfg.env_latency == "exponential" and latency > 0:
+            latency = self._env_rng.expovariate(1.0 / latency)
+        self._env_count(+1)
+        self.env_steps += 1
+        self.schedule(self.now + latency, done, sample)
+
+    def env_left(self) -> None:
+        """A sample stopped waiting on its environment (its step ended, or its group was aborted)."""
+        self._env_count(-1)
+
+    def _env_count(self, delta: int) -> None:
+        self._env_area += self.env_waiting * (self.now - self._env_t)
+        self._env_t = self.now
+        self.env_waiting += delta
 
     def can_route(self, version: int) -> bool:
         """Would next_sample(version) return work (no side effects)?"""
@@ -173,6 +206,8 @@ class Simulation:
             self._in_window = True
             self._t_warm = self.now
             self._busy_at_warm = self.rollout.busy_time(self.now)
+            self._env_count(0)
+            self._env_area_at_warm = self._env_area
         if self._steps_done == self.cfg.steps:
             self._stop = True
             return
@@ -233,6 +268,7 @@ class Simulation:
         busy = self.rollout.busy_time(end) - self._busy_at_warm
         times, running = self.timeline.resample(end, cfg.timeline_points)
         c = self.policy.counters
+        self._env_count(0)
         return SimResult(
             policy=cfg.policy,
             mode=cfg.mode,
@@ -262,6 +298,9 @@ class Simulation:
             timeline_t=times,
             timeline_running=running,
             predicted=closed_form_prediction(cfg),
+            turns=cfg.turns,
+            env_steps=self.env_steps,
+            mean_env_waiting=(self._env_area - self._env_area_at_warm) / window,
         )
 
 

@@ -32,6 +32,10 @@ def text_report(result: SimResult) -> str:
         ("length trained / sampled", f"{r.mean_trained_length:,.1f} / {r.mean_sampled_length:,.1f}"
          f" (bias {r.length_bias:+.1%}; E[L] {r.expected_length:,.1f})"),
         ("idle trainer / rollout", f"{r.trainer_idle_ratio:.1%} / {r.rollout_idle_ratio:.1%}"),
+    ]
+    if r.turns > 1:
+        rows.append(("turns / env steps", f"{r.turns} / {r.env_steps:,}; {r.mean_env_waiting:,.1f} samples on an environment (mean)"))
+    rows += [
         ("consumed / dropped / aborted", f"{r.consumed} / {r.dropped} / {r.aborted} groups"),
         ("preemptions / pulls", f"{r.preemptions} / {r.pulls}"),
         ("events / wall", f"{r.events:,} / {r.wall_s:.2f} s"),

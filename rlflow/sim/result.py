@@ -76,6 +76,9 @@ class SimResult:
     timeline_t: list[float] = field(default_factory=list)
     timeline_running: list[list[int]] = field(default_factory=list)  # [instance][point]
     predicted: StalenessPrediction | None = None  # closed form, where its assumptions apply
+    turns: int = 1  # generation turns per episode
+    env_steps: int = 0  # environment steps taken between turns (whole run)
+    mean_env_waiting: float = 0.0  # samples waiting on an environment, time-averaged over the window
 
     @property
     def mean_staleness(self) -> float:
@@ -129,4 +132,6 @@ class SimResult:
         }
         if self.predicted is not None:
             out["predicted_mean_staleness"] = self.predicted.mean
+        if self.turns > 1:
+            out.update(turns=self.turns, env_steps=self.env_steps, mean_env_waiting=self.mean_env_waiting)
         return out

@@ -13,7 +13,11 @@ from rlflow.staleness_model import StalenessPrediction, predict_mean_staleness
 
 
 class SlotPool:
-    """C slots sharing the trainer's latest weights; a sync is instant and in flight (V_traj kept)."""
+    """C slots sharing the trainer's latest weights; a sync is instant and in flight (V_traj kept).
+
+    A multi-turn sample frees its slot between turns; when its environment step ends it takes the next free
+    slot before any new work (the slots mode has no prefill, so a continuation costs no extra time).
+    """
 
     def __init__(self, sim, slots: int, speed: float, instances: int, stagger_s: float = 0.0):
         self.sim = sim
@@ -27,6 +31,8 @@ class SlotPool:
         self._busy_slots = 0
         self._busy_time = 0.0
         self._acct_t = 0.0
+        self._env: dict[int, Sample] = {}  # samples between turns, on their environment
+        self._resume: dict[int, Sample] = {}  # continuations waiting for a slot, oldest first
         for slot in range(slots):  # slot j comes up at j/C of stagger_s: engines never start in lockstep
             sim.schedule(stagger_s * slot / slots, self._on_up, slot)
 
@@ -34,20 +40,27 @@ class SlotPool:
         """Fill idle slots with routable work until the trajectory server and policy have none."""
         sim = self.sim
         while self._idle:
-            sample = sim.next_sample(sim.weights)
-            if sample is None:
-                return
+            if self._resume:
+                sample = self._resume.pop(next(iter(self._resume)))
+            else:
+                sample = sim.next_sample(sim.weights)
+                if sample is None:
+                    return
             self._start(self._idle.pop(), sample)
 
     def publish(self, version: int) -> None:
         """New weights: later samples start on them; running samples keep their V_traj."""
 
     def abort(self, group: Group) -> None:
-        """Stop the group's running samples; their slots free up."""
+        """Stop the group's running samples (their slots free up) and forget those between turns."""
         for sample in group.samples:
             if sample.where is not None:
                 self._epoch[sample.where] += 1
                 self._release(sample.where)
+            elif self._env.pop(id(sample), None) is not None:
+                self.sim.env_left()
+            else:
+                self._resume.pop(id(sample), None)
 
     def busy_time(self, now: float) -> float:
         """Busy slot-seconds since the start."""
@@ -57,14 +70,15 @@ class SlotPool:
     def _start(self, slot: int, sample: Sample) -> None:
         sim = self.sim
         self._account(sim.now)
-        sample.version = sim.weights
+        if sample.version is None:  # a continuation keeps its first turn's version
+            sample.version = sim.weights
         sample.where = slot
         self._running[slot] = sample
         self._busy_slots += 1
         inst = slot % self.instances
         self._load[inst] += 1
         sim.timeline.record(inst, sim.now, self._load[inst])
-        sim.schedule(sim.now + sample.length / self.speed, self._on_done, (slot, self._epoch[slot]))
+        sim.schedule(sim.now + (sample.turn_end - sample.generated) / self.speed, self._on_done, (slot, self._epoch[slot]))
 
     def _on_up(self, slot: int) -> None:
         self._idle.append(slot)
@@ -75,7 +89,17 @@ class SlotPool:
             return
         sample = self._running[slot]
         self._release(slot)
-        self.sim.sample_done(sample)
+        if sample.last_turn:
+            self.sim.sample_done(sample)
+        else:
+            sample.end_turn()
+            self._env[id(sample)] = sample
+            self.sim.env_step(sample, self._on_env_done)
+
+    def _on_env_done(self, sample: Sample) -> None:
+        if self._env.pop(id(sample), None) is not None:  # else aborted meanwhile
+            self.sim.env_left()
+            self._resume[id(sample)] = sample
 
     def _release(self, slot: int) -> None:
         self._account(self.sim.now)
@@ -101,8 +125,11 @@ def utilization(config: SimConfig) -> float:
 
 
 def closed_form_prediction(config: SimConfig) -> StalenessPrediction | None:
-    """Predicted mean staleness where the closed form applies: slots mode, queue_drop with q = Q/B >= 1."""
+    """Predicted mean staleness where the closed form applies: slots mode, queue_drop with q = Q/B >= 1, no
+    environment waits (the closed form's samples hold their slot from first token to last)."""
     if config.mode != "slots" or config.policy != "queue_drop" or config.capacity is None:
+        return None
+    if config.turns > 1 and config.env_latency_s > 0:
         return None
     q = config.capacity / config.batch_groups
     if q < 1:

@@ -1,4 +1,8 @@
-"""Groups and samples in flight, and the trajectory server that holds samples not yet routed."""
+"""Groups and samples in flight, and the trajectory server that holds samples not yet routed.
+
+A multi-turn sample (turns > 1) generates its `length` in equal turns; after each turn but the last it leaves
+the engine for its environment and comes back as a continuation, so `finish` is the end of its current turn.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +12,53 @@ from collections import deque
 class Group:
     """The S samples of one prompt; admitted with V_traj = `version`, occupied with the min member version."""
 
-    __slots__ = ("gid", "version", "lengths", "remaining", "min_version", "samples")
+    __slots__ = ("gid", "lengths", "min_version", "remaining", "samples", "version")
 
-    def __init__(self, gid: int, version: int, lengths: list[int], prompt: int):
+    def __init__(self, gid: int, version: int, lengths: list[int], prompt: int, turns: int = 1):
         self.gid = gid
         self.version = version  # reserved V_traj (weights of the unit that admitted it); None until reserved (coordinated TS)
         self.lengths = lengths
         self.remaining = len(lengths)
         self.min_version: int | None = None
-        self.samples = [Sample(self, i, n, prompt) for i, n in enumerate(lengths)]
+        self.samples = [Sample(self, i, n, prompt, turns) for i, n in enumerate(lengths)]
 
 
 class Sample:
     """One trajectory: `length` response tokens after a `prompt`; `version` is set by its first token."""
 
-    __slots__ = ("group", "index", "length", "prompt", "generated", "version", "join", "contrib", "finish", "where")
+    __slots__ = (
+        "contrib",
+        "finish",
+        "generated",
+        "group",
+        "index",
+        "join",
+        "length",
+        "prompt",
+        "turn",
+        "turns",
+        "version",
+        "where",
+    )
 
     @property
     def v_traj(self) -> int | None:
         """Oldest version tolerated: its first token's, else its group's reservation, else None (initial)."""
         return self.version if self.version is not None else self.group.version
+
+    @property
+    def last_turn(self) -> bool:
+        return self.turn >= self.turns - 1
+
+    @property
+    def turn_end(self) -> float:
+        """Tokens generated when the current turn ends: (turn + 1) / turns of `length` (exactly `length` on the last)."""
+        return self.length if self.last_turn else self.length * (self.turn + 1) / self.turns
+
+    def end_turn(self) -> None:
+        """The current turn (not the last) is generated; the next one starts after the environment step."""
+        self.generated = self.turn_end
+        self.turn += 1
 
     @property
     def gid(self) -> int:
@@ -40,7 +71,7 @@ class Sample:
         running = inst is not None and getattr(inst, "running", {}).get(id(self)) is self
         return self.prompt + self.generated + (inst.progress - self.join if running else 0.0)
 
-    def __init__(self, group: Group, index: int, length: int, prompt: int):
+    def __init__(self, group: Group, index: int, length: int, prompt: int, turns: int = 1):
         self.group = group
         self.index = index
         self.length = length
@@ -50,7 +81,9 @@ class Sample:
         self.join = 0.0  # engine progress counter when admitted to running
         self.contrib = 0.0  # this sample's constant term in the engine's KV sum
         self.finish = 0.0  # engine progress counter at which it completes
-        self.where = None  # the slot or instance generating it; None while unrouted or done
+        self.where = None  # the slot or instance generating it (an instance also between turns); None while unrouted or done
+        self.turn = 0  # turns generated so far (0-based index of the current turn)
+        self.turns = turns
 
 
 class TrajectoryServer:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from rlflow.operators.cost_profile import CostProfile
+
 from rlflow.sim import LengthSpec, SimConfig, Simulation, TrainerModel
 
 PROFILE = CostProfile(
@@ -53,9 +53,8 @@ def configs(draw):
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(configs())
-def test_any_run_finishes_within_bound_and_conserves(config):
+def run_checked(config):
+    """Run the simulation; every step trained a whole batch, every group is accounted for, none above the bound."""
     sim = Simulation(config)
     result = sim.run()
     c = sim.policy.counters
@@ -64,6 +63,13 @@ def test_any_run_finishes_within_bound_and_conserves(config):
     eta = {"synchronous": 0, "one_step": 1}.get(config.policy, config.eta)
     if eta is not None:
         assert result.max_staleness <= eta
+    return sim, result
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_any_run_finishes_within_bound_and_conserves(config):
+    sim, result = run_checked(config)
     if config.policy == "synchronous":
         assert all(sim.timeline.peak(a, b) == 0 for a, b in result.train_steps)
     assert min(result.staleness, default=0) >= 0
