@@ -194,8 +194,10 @@ from pathlib import Path
 import ray
 from rlflow.compiler import compile_pipeline
 from rlflow.runtime.driver import Run
-plan = compile_pipeline(sys.argv[1], sys.argv[4:])
-ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+plan = compile_pipeline(sys.argv[1], sys.argv[5:])
+# a driver of its own joining the session's cluster (starting one per driver cost ~10 s each); killing this
+# process kills its job, whose actors Ray then reclaims
+ray.init(address=sys.argv[4], log_to_driver=False,
          runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
 Run(plan, out_dir=Path(sys.argv[2]), resume=sys.argv[3] == "1", log=lambda *a: print(*a, flush=True)).run()
 """
@@ -242,9 +244,10 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
 
     out = workdir / "run"
     args = [str(REPO / "pipelines" / "synchronous.yaml"), str(out)]
+    address = ray_cluster.get_runtime_context().gcs_address
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     kill_after = random.Random().randint(2, 3)
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, *args, "0", *small], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, *args, "0", address, *small], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -263,7 +266,7 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     open_groups, _ = ledger_open_groups(out)
     restorable = ledger_restorable(out)
-    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", *small], check=False, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", address, *small], check=False, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(restorable)} buffered group(s) restored from the ledger" in done.stdout, done.stdout[-3000:]
