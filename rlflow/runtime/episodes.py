@@ -25,6 +25,7 @@ from rlflow.stages.trajectory import Trajectory
 
 #: longest wait for one environment step when the worker has nothing else to do, or is asked for the trajectory
 ENV_STEP_TIMEOUT_S = 120.0
+MAX_ENV_THREADS = 64
 
 
 class Episodes:
@@ -168,4 +169,7 @@ def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episod
 
     return Episodes(registry.resolve("env", episode["env"]), episode.get("env_kwargs", {}),
                     max_turns=episode["max_turns"], tokenizer=AutoTokenizer.from_pretrained(model_dir),
-                    max_new_tokens=engine_kwargs["max_new_tokens"], stop=tuple(engine_kwargs.get("stop", ())))
+                    max_new_tokens=engine_kwargs["max_new_tokens"], stop=tuple(engine_kwargs.get("stop", ())),
+                    # one thread per trajectory the engine may run, so a slow (I/O-bound) tool never queues behind
+                    # others; CPU-bound ones (the sandbox) share the cores either way
+                    threads=min(MAX_ENV_THREADS, engine_kwargs.get("max_running", 8)))

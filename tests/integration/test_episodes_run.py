@@ -4,6 +4,8 @@ masked out, and the staleness bound, the ledger and the coordinator's speculativ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from runs import plan_for
 from test_run import assert_accounted
@@ -11,12 +13,16 @@ from test_run import assert_accounted
 pytestmark = pytest.mark.integration
 
 
-def test_agentic_pipeline_trains_whole_episodes(ray_cluster, workdir):
+# interrupted: two instances, every weight sync interrupts what is generating (partial rollout); an episode
+# interrupted mid-turn leaves with its environment and resumes on whichever instance the coordinator picks
+@pytest.mark.parametrize("variant", ["as_shipped", "interrupted"])
+def test_agentic_pipeline_trains_whole_episodes(variant, ray_cluster, workdir, monkeypatch):
     import ray
 
     from rlflow.runtime.driver import Run
 
     trained: list[dict] = []
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
     class Recording(Run):
         def _start(self):
@@ -28,9 +34,11 @@ def test_agentic_pipeline_trains_whole_episodes(ray_cluster, workdir):
                 start(rewards, version, info, submit)
             self.sink.start = recording
 
-    from pathlib import Path
-
-    plan = plan_for("agentic_calc", "data.eval_size=16", "stages.rollout.env_kwargs.latency_s=0.05")
+    # test_run:small_chunk_hf decodes 4 tokens per step call, and snapshots come every 0.05 s: syncs find turns
+    # mid-generation (most end within one 16-token step otherwise)
+    extra = ["stages.rollout.replicas=2", "edges.4.policy.partial_rollout=true", "stages.rollout.engine=test_run:small_chunk_hf",
+             "stages.rollout.coordinator.interval_s=0.05"] if variant == "interrupted" else []
+    plan = plan_for("agentic_calc", "data.eval_size=16", "stages.rollout.env_kwargs.latency_s=0.05", *extra)
     run = Recording(plan, out_dir=Path(".rlflow/runs/agentic"), log=lambda *a, **k: None)
     run.run()
     assert [h["step"] for h in run.history] == [1, 2, 3]
@@ -38,6 +46,8 @@ def test_agentic_pipeline_trains_whole_episodes(ray_cluster, workdir):
     n = run.counts
     assert n["episodes"] >= len(trained) > 0 and n["episode_turns"] > n["episodes"]  # tool calls happened
     assert n["coord_resyncs"] == 0  # snapshots (env_trajs, episode completions) agree with the speculative state
+    if variant == "interrupted":
+        assert n["coord_interrupted"] > 0  # back to the TS partial, with their environments, and routed again
     tool_users = [t for t in trained if len(t["turn_starts"]) > 1]
     assert tool_users
     for t in trained:
