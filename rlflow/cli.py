@@ -243,6 +243,11 @@ def _eval(args) -> int:
     for name, t in tasks.items():
         print(f"task {name}: {t['source']}" + (f" (held out: {t['holdout']:g} of its rows)" if t.get("holdout") else "")
               + f", reward {t['reward_fn']}, max_new_tokens {t['max_new_tokens']}, temperature {t['temperature']:g}")
+    if settings.get("episode"):
+        e = settings["episode"]
+        print(f"episodes as in the run: env {e['env']}, up to {e['max_turns']} turns, stop {settings['stop']}")
+    elif settings.get("stop"):
+        print(f"stop strings as in the run: {settings['stop']}")
     metrics = run_eval(str(model), tasks, settings, engine=args.engine)
     print(f"\n{'metric':<28}{'value':>8}")
     for key, value in metrics.items():

@@ -160,3 +160,9 @@ def test_eval_tasks_defaults_from_the_plan():
         eval_tasks(None, data=None, task=None, reward=None, n=None, k=None, max_new_tokens=None, temperature=None)
     with pytest.raises(PipelineInvalid):
         eval_tasks(None, data="nope.jsonl", task=None, reward=None, n=None, k=None, max_new_tokens=None, temperature=None)
+    assert (settings["stop"], settings["episode"]) == ([], None)  # single-turn: no stop strings, no environment
+    agentic = compile_pipeline(repo / "pipelines" / "agentic_calc.yaml")
+    _, settings = eval_tasks(agentic, data=None, task=None, reward=None, n=None, k=None, max_new_tokens=None,
+                             temperature=None)
+    assert settings["stop"] == ["</calc>"] and settings["max_turn_tokens"] == 16  # scored as the run generates
+    assert settings["episode"] == {"env": "calculator", "env_kwargs": {}, "max_turns": 2}
