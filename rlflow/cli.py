@@ -51,6 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("-o", "--output", default=".rlflow/sim", help="folder for the report (default .rlflow/sim)")
     overrides(p)
+    p = sub.add_parser("tune", help="recommend the rollout/train GPU split and staleness setting (closed form + simulator)")
+    p.add_argument("pipeline", help="pipeline YAML")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to split between rollout and training")
+    p.add_argument("--steps", type=int, default=30, help="training steps simulated per candidate (default 30)")
+    p.add_argument("--profile", default=None, help="cost-model profile JSON (default: the plan's, else StaleFlow Table 4)")
+    p.add_argument("--gpus-per-instance", type=int, default=None, help="GPUs per rollout instance (default: the profile's)")
+    p.add_argument("--train-tokens-per-gpu", type=float, default=None,
+                   help="trainer tokens/s per GPU (default: balances an even split, an assumption it prints)")
+    overrides(p)
     p = sub.add_parser("profile", help="fit the cost model (k1..k5) to an engine's measured decode steps")
     p.add_argument("--model", default="builtin:tiny-llama", help="builtin:tiny-llama or a local HF directory")
     p.add_argument("--task", default="repeat", help="built-in task the tiny model is warm-started on")
@@ -264,7 +273,34 @@ def _doctor(args) -> int:
     return doctor(args.fix)
 
 
-COMMANDS = {"export": _export, "eval": _eval, "doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
+def _tune(args) -> int:
+    from rlflow.compiler import compile_pipeline
+    from rlflow.errors import Problem
+    from rlflow.tune import choose, gpus_per_instance, knob_name, overrides, table, tune
+
+    plan = compile_pipeline(args.pipeline, args.overrides)
+    try:
+        candidates, notes = tune(plan, gpus=args.gpus, steps=args.steps, profile=args.profile,
+                                 per_instance=args.gpus_per_instance, train_tokens_per_gpu=args.train_tokens_per_gpu)
+    except ValueError as e:
+        raise PipelineInvalid(args.pipeline, [Problem(("--gpus",), str(e), "bad-tune", "see rlflow tune --help")]) from None
+    for note in notes:
+        print(f"note: {note}")
+    print("\n".join(table(candidates, knob_name(plan["control"]["staleness"]["kind"]))))
+    best = choose(candidates)
+    shipped = next((c for c in candidates if c.shipped and c.result), None)
+    print(f"\nrecommended: {best.rollout_gpus} rollout GPUs, {best.train_gpus} training GPUs"
+          + (f", {knob_name(plan['control']['staleness']['kind'])} {best.knob}" if best.knob is not None else "")
+          + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
+          + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "
+             f"max staleness within its {shipped.result['max_staleness']})" if shipped else ""))
+    g = gpus_per_instance(args.profile, args.gpus_per_instance, [])
+    sets = " ".join(f"--set {o}" for o in [*args.overrides, *overrides(plan, best, g)])
+    print(f"rlflow compile {args.pipeline} {sets}")
+    return EXIT_OK
+
+
+COMMANDS = {"tune": _tune, "export": _export, "eval": _eval, "doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,187 @@
+"""`rlflow tune`: choose the rollout/train GPU split and the staleness knob before paying for a run.
+
+The search space, for a budget of N GPUs: rollout GPUs R (in whole instances of `gpus_per_instance`), the
+rest training; and the plan's staleness knob (η for bound-style policies, the queue capacity for queue
+policies; the batch size stays the plan's, since it changes what is learned, not only how fast).
+
+1. Prune with the closed form: the cost model's steady decode throughput of R GPUs' instances at full load
+   (StaleFlow App. B, Eq. 11) against the trainer's N - R GPUs gives rho = v_R / v_T. A split with rho outside
+   [1/2, 2] leaves one side idle at least half the time (a two-stage pipeline runs at the slower stage's rate),
+   so it is dropped, unless nothing survives, when the split closest to rho = 1 is kept.
+2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
+   every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
+   mark the Pareto front (tokens/s against mean staleness), and recommend the fastest point whose max
+   staleness stays within the plan's own setting's.
+
+What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
+(default: the value that balances an even split, rho = 1 at R = N/2), linear scaling of training with GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+QUEUE_KINDS = ("queue_drop", "queue_max")
+FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
+RHO_BAND = (0.5, 2.0)
+
+
+@dataclass
+class Candidate:
+    rollout_gpus: int
+    train_gpus: int
+    knob: int | None  # eta, or queue capacity in groups; None: the policy has none
+    rho: float = 0.0  # closed-form v_R / v_T
+    shipped: bool = False  # the plan's own knob at an even split (the baseline)
+    result: dict = field(default_factory=dict)  # simulated: tokens_per_s, mean/max staleness, idle ratios
+    pareto: bool = False
+
+
+def split_grid(gpus: int, per_instance: int, points: int = 15) -> list[tuple[int, int]]:
+    """(rollout GPUs, train GPUs) in whole instances, at most `points` of them evenly over the range."""
+    instances = [k for k in range(1, gpus // per_instance + 1) if gpus - k * per_instance >= 1]
+    if len(instances) > points:
+        step = (len(instances) - 1) / (points - 1)
+        instances = sorted({instances[round(i * step)] for i in range(points)})
+    return [(k * per_instance, gpus - k * per_instance) for k in instances]
+
+
+def knob_name(kind: str) -> str | None:
+    return None if kind in FIXED_KINDS else "capacity" if kind in QUEUE_KINDS else "eta"
+
+
+def knob_values(control: dict) -> list[int | None]:
+    """The plan's own setting and its neighbours worth simulating."""
+    name = knob_name(control["kind"])
+    if name is None:
+        return [None]
+    if name == "capacity":
+        b = control["batch_size"]
+        return sorted({control["capacity"], b, 2 * b, 4 * b})
+    return sorted({control["eta"], 1, 2, 3, 4})
+
+
+def gpus_per_instance(profile_path: str | None, given: int | None, notes: list[str]) -> int:
+    if given:
+        return given
+    if profile_path and Path(profile_path).is_file():
+        value = json.loads(Path(profile_path).read_text()).get("gpus_per_instance", {}).get("value")
+        if value:
+            return int(value)
+    notes.append("one GPU per rollout instance assumed (the profile does not say; pass --gpus-per-instance)")
+    return 1
+
+
+def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, per_instance: int | None = None,
+         train_tokens_per_gpu: float | None = None, seed: int = 0, progress=print) -> tuple[list[Candidate], list[str]]:
+    """Every candidate (pruned ones without a result), and the notes on what was assumed."""
+    from rlflow.sim import simulate
+    from rlflow.sim.config import LengthSpec
+    from rlflow.sim.from_plan import load_profile, plan_coordination, sim_config
+    from rlflow.sim.lengths import expected_length
+
+    notes: list[str] = []
+    rollout = plan["pipeline"]["stages"][rollout_name(plan)]
+    control = plan["control"]["staleness"]
+    profile = profile or plan_coordination(plan).profile
+    prof = load_profile(profile, notes)
+    g = gpus_per_instance(profile, per_instance, notes)
+    if gpus < 2 * g:
+        raise ValueError(f"--gpus {gpus} cannot hold one rollout instance ({g} GPUs) and a trainer GPU")
+    w = plan["pipeline"]["workload"]
+    n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
+    lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
+                         tailness=w["tailness"], cap=w["length_cap"] or rollout["max_new_tokens"])
+    per_inst = n / prof.step_latency(prof.k5 * n * expected_length(lengths) / 2, n)  # tokens/s, one full instance
+    if train_tokens_per_gpu is None:
+        half = max(1, gpus // (2 * g))
+        train_tokens_per_gpu = half * per_inst / max(1, gpus - half * g)
+        notes.append(f"trainer speed per GPU assumed {train_tokens_per_gpu:,.0f} tokens/s (balances an even split; "
+                     "pass --train-tokens-per-gpu), scaling linearly with GPUs")
+    splits = split_grid(gpus, g)
+    candidates = []
+    even = min(splits, key=lambda s: abs(s[0] - gpus / 2))
+    for r, t in splits:
+        rho = (r // g) * per_inst / (t * train_tokens_per_gpu)
+        for knob in knob_values(control):
+            candidates.append(Candidate(r, t, knob, rho, shipped=(r, t) == even and knob == _own(control)))
+    alive = [c for c in candidates if RHO_BAND[0] <= c.rho <= RHO_BAND[1] or c.shipped]
+    if not any(not c.shipped for c in alive):
+        best = min(candidates, key=lambda c: abs(c.rho - 1))
+        alive += [c for c in candidates if (c.rollout_gpus, c.train_gpus) == (best.rollout_gpus, best.train_gpus)]
+    progress(f"tune: {len(splits)} splits x {len(knob_values(control))} settings = {len(candidates)} candidates; "
+             f"{len(alive)} within rho {RHO_BAND[0]:g}..{RHO_BAND[1]:g} of the closed form, simulating {steps} steps each")
+    for c in alive:
+        p = copy.deepcopy(plan)
+        name = knob_name(control["kind"])
+        if name:
+            p["control"]["staleness"][name] = c.knob
+        config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.rollout_gpus // g, profile=profile,
+                               train_tokens_per_s=c.train_gpus * train_tokens_per_gpu, seed=seed)
+        r = simulate(config)
+        c.result = {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
+                    "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio,
+                    "trainer_idle": r.trainer_idle_ratio}
+    ran = [c for c in candidates if c.result]
+    for c in ran:
+        c.pareto = not any(_dominates(o, c) for o in ran)
+    return candidates, notes
+
+
+def _own(control: dict) -> int | None:
+    name = knob_name(control["kind"])
+    return control[name] if name else None
+
+
+def _dominates(a: Candidate, b: Candidate) -> bool:
+    ra, rb = a.result, b.result
+    return (ra["tokens_per_s"] >= rb["tokens_per_s"] and ra["mean_staleness"] <= rb["mean_staleness"]
+            and (ra["tokens_per_s"] > rb["tokens_per_s"] or ra["mean_staleness"] < rb["mean_staleness"]))
+
+
+def choose(candidates: list[Candidate]) -> Candidate:
+    """The fastest simulated point whose max staleness stays within the shipped setting's (the plan's bound is a
+    statement about learning, not only speed), on the Pareto front; lowest mean staleness on a tie."""
+    shipped = next((c for c in candidates if c.shipped and c.result), None)
+    limit = shipped.result["max_staleness"] if shipped else float("inf")
+    within = [c for c in candidates if c.result and c.result["max_staleness"] <= limit] or [c for c in candidates if c.result]
+    front = [c for c in within if not any(_dominates(o, c) for o in within)]
+    return max(front, key=lambda c: (c.result["tokens_per_s"], -c.result["mean_staleness"]))
+
+
+def overrides(plan: dict, c: Candidate, gpus_per_inst: int) -> list[str]:
+    """The chosen point as `--set` overrides of the plan's pipeline."""
+    out = [f"stages.{rollout_name(plan)}.replicas={c.rollout_gpus // gpus_per_inst}"]
+    knob = knob_name(plan["control"]["staleness"]["kind"])
+    if knob:
+        edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if e["policy"]["kind"] not in
+                    ("streaming", "weight_sync"))
+        out.append(f"edges.{edge}.policy.{knob}={c.knob}")
+    return out
+
+
+def rollout_name(plan: dict) -> str:
+    """The first rollout stage: the one the simulator runs."""
+    from rlflow.plan_read import rollout_stages
+
+    return rollout_stages(plan)[0]
+
+
+def table(candidates: list[Candidate], knob: str | None) -> list[str]:
+    """The simulated candidates (pruned splits are summarised in one line)."""
+    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} | rho (closed form) | trained tokens/s | "
+              "mean / max staleness | rollout idle | trainer idle | |"), "|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    pruned = sorted({(c.rollout_gpus, round(c.rho, 2)) for c in candidates if not c.result})
+    for c in sorted((c for c in candidates if c.result), key=lambda c: (c.rollout_gpus, c.knob if c.knob is not None else -1)):
+        mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped)) if on)
+        r = c.result
+        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | {c.rho:.2f} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
+                     f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
+    if pruned:
+        lines.append(f"\npruned by the closed form (rho outside {RHO_BAND[0]:g}..{RHO_BAND[1]:g}): rollout GPUs "
+                     + ", ".join(f"{r} (rho {rho:.2f})" for r, rho in pruned))
+    return lines

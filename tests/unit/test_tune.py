@@ -1,0 +1,72 @@
+"""`rlflow tune` (rlflow/tune.py): closed-form pruning, simulated ranking, the Pareto front and the choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlflow.cli import main
+from rlflow.compiler import compile_pipeline
+from rlflow.tune import RHO_BAND, choose, overrides, split_grid, tune
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE4 = str(REPO / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
+AT_SCALE = ["stages.buffer.batch_groups=32", "stages.rollout.group_size=8", "stages.rollout.max_running=256"]
+
+
+def test_split_grid_is_whole_instances_and_bounded():
+    grid = split_grid(64, 2)
+    assert len(grid) <= 15 and all(r % 2 == 0 and r + t == 64 and t >= 1 for r, t in grid)
+    assert split_grid(4, 1) == [(1, 3), (2, 2), (3, 1)]
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    plan = compile_pipeline(REPO / "pipelines" / "staleflow.yaml", AT_SCALE)
+    candidates, notes = tune(plan, gpus=32, steps=12, profile=TABLE4, per_instance=2, progress=lambda *a: None)
+    return plan, candidates, notes
+
+
+def test_pruned_splits_are_the_ones_outside_the_band_and_the_rest_are_simulated(tuned):
+    _, candidates, notes = tuned
+    for c in candidates:
+        inside = RHO_BAND[0] <= c.rho <= RHO_BAND[1]
+        assert bool(c.result) == (inside or c.shipped), c
+    assert any(not c.result for c in candidates) and any(c.result for c in candidates)
+    assert any("trainer speed per GPU assumed" in n for n in notes)  # what it assumed, it says
+    ran = [c for c in candidates if c.result]
+    assert all(c.result["max_staleness"] <= c.knob for c in ran)  # the simulator honours each bound
+    front = [c for c in ran if c.pareto]
+    for c in ran:  # nothing on the front is beaten on both axes
+        if c.pareto:
+            assert not any(o.result["tokens_per_s"] > c.result["tokens_per_s"]
+                           and o.result["mean_staleness"] < c.result["mean_staleness"] for o in ran)
+    assert front
+
+
+def test_the_choice_is_at_least_as_fast_as_the_shipped_setting_within_its_staleness(tuned):
+    plan, candidates, _ = tuned
+    (shipped,) = [c for c in candidates if c.shipped]
+    best = choose(candidates)
+    assert best.result["tokens_per_s"] >= shipped.result["tokens_per_s"]
+    assert best.result["max_staleness"] <= shipped.result["max_staleness"]
+    sets = overrides(plan, best, 2)
+    assert sets[0] == f"stages.rollout.replicas={best.rollout_gpus // 2}" and sets[1].endswith(f".eta={best.knob}")
+    again = compile_pipeline(REPO / "pipelines" / "staleflow.yaml", AT_SCALE + sets)  # the recommendation compiles
+    assert again["control"]["staleness"]["eta"] == best.knob
+
+
+def test_cli_prints_the_table_and_a_compile_command(capsys):
+    rc = main(["tune", str(REPO / "pipelines" / "bounded_async.yaml"), "--gpus", "8", "--steps", "6",
+               "--profile", TABLE4, "--gpus-per-instance", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "| rollout GPUs | train GPUs |" in out and "recommended:" in out
+    assert "rlflow compile " in out and "--set stages.rollout.replicas=" in out
+
+
+def test_too_few_gpus_is_a_clear_error(capsys):
+    rc = main(["tune", str(REPO / "pipelines" / "bounded_async.yaml"), "--gpus", "2", "--profile", TABLE4,
+               "--gpus-per-instance", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot hold one rollout instance" in err and "Traceback" not in err
