@@ -4,10 +4,13 @@ The search space, for a budget of N GPUs: rollout GPUs R (in whole instances of 
 rest training; and the plan's staleness knob (η for bound-style policies, the queue capacity for queue
 policies; the batch size stays the plan's, since it changes what is learned, not only how fast).
 
-1. Prune with the closed form: the cost model's steady decode throughput of R GPUs' instances at full load
-   (StaleFlow App. B, Eq. 11) against the trainer's N - R GPUs gives rho = v_R / v_T. A split with rho outside
-   [1/2, 2] leaves one side idle at least half the time (a two-stage pipeline runs at the slower stage's rate),
-   so it is dropped, unless nothing survives, when the split closest to rho = 1 is kept.
+1. Prune with the closed form, by branch and bound: a two-stage pipeline runs at most at its slower stage's
+   rate, and the cost model's decode throughput with every instance running a full batch (StaleFlow App. B,
+   Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
+   setting at an even split is simulated first; then splits in decreasing bound, until the bound falls below the
+   best simulated throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
+   first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
+   kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
    every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
    mark the Pareto front (tokens/s against mean staleness), and recommend the fastest point whose max
@@ -26,7 +29,6 @@ from pathlib import Path
 
 QUEUE_KINDS = ("queue_drop", "queue_max")
 FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
-RHO_BAND = (0.5, 2.0)
 
 
 @dataclass
@@ -34,13 +36,14 @@ class Candidate:
     rollout_gpus: int
     train_gpus: int
     knob: int | None  # eta, or queue capacity in groups; None: the policy has none
-    rho: float = 0.0  # closed-form v_R / v_T
+    rho: float = 0.0  # closed-form v_R / v_T, rollout at full load
+    bound: float = 0.0  # closed-form upper bound on trained tokens/s: min(v_R at full load, v_T)
     shipped: bool = False  # the plan's own knob at an even split (the baseline)
     result: dict = field(default_factory=dict)  # simulated: tokens_per_s, mean/max staleness, idle ratios
     pareto: bool = False
 
 
-def split_grid(gpus: int, per_instance: int, points: int = 15) -> list[tuple[int, int]]:
+def split_grid(gpus: int, per_instance: int, points: int = 9) -> list[tuple[int, int]]:
     """(rollout GPUs, train GPUs) in whole instances, at most `points` of them evenly over the range."""
     instances = [k for k in range(1, gpus // per_instance + 1) if gpus - k * per_instance >= 1]
     if len(instances) > points:
@@ -105,18 +108,13 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     candidates = []
     even = min(splits, key=lambda s: abs(s[0] - gpus / 2))
     for r, t in splits:
-        rho = (r // g) * per_inst / (t * train_tokens_per_gpu)
+        v_r, v_t = (r // g) * per_inst, t * train_tokens_per_gpu
         for knob in knob_values(control):
-            candidates.append(Candidate(r, t, knob, rho, shipped=(r, t) == even and knob == _own(control)))
-    alive = [c for c in candidates if RHO_BAND[0] <= c.rho <= RHO_BAND[1] or c.shipped]
-    if not any(not c.shipped for c in alive):
-        best = min(candidates, key=lambda c: abs(c.rho - 1))
-        alive += [c for c in candidates if (c.rollout_gpus, c.train_gpus) == (best.rollout_gpus, best.train_gpus)]
-    progress(f"tune: {len(splits)} splits x {len(knob_values(control))} settings = {len(candidates)} candidates; "
-             f"{len(alive)} within rho {RHO_BAND[0]:g}..{RHO_BAND[1]:g} of the closed form, simulating {steps} steps each")
-    for c in alive:
+            candidates.append(Candidate(r, t, knob, v_r / v_t, min(v_r, v_t), shipped=(r, t) == even and knob == _own(control)))
+    name = knob_name(control["kind"])
+
+    def run(c: Candidate):
         p = copy.deepcopy(plan)
-        name = knob_name(control["kind"])
         if name:
             p["control"]["staleness"][name] = c.knob
         config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.rollout_gpus // g, profile=profile,
@@ -125,6 +123,25 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         c.result = {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
                     "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio,
                     "trainer_idle": r.trainer_idle_ratio}
+        return r
+
+    # Branch and bound: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
+    # optimistic bound (Eq. 11 with every instance decoding a full batch). Simulate the plan's own setting first,
+    # then splits in decreasing bound, and prune every split whose bound is below the best simulated so far.
+    (shipped,) = [c for c in candidates if c.shipped]
+    run(shipped)
+    best, simulated = shipped.result["tokens_per_s"], 1
+    for split in sorted({(c.rollout_gpus, c.train_gpus, c.bound) for c in candidates}, key=lambda s: -s[2]):
+        if split[2] <= best:
+            break
+        for c in candidates:
+            if (c.rollout_gpus, c.train_gpus) == split[:2] and not c.result:
+                run(c)
+                simulated += 1
+                best = max(best, c.result["tokens_per_s"])
+    progress(f"tune: {len(splits)} splits x {len(knob_values(control))} settings = {len(candidates)} candidates; "
+             f"simulated {simulated} ({steps} steps each), pruned the rest: their closed-form bound is below the best "
+             "simulated throughput")
     ran = [c for c in candidates if c.result]
     for c in ran:
         c.pareto = not any(_dominates(o, c) for o in ran)
@@ -172,16 +189,16 @@ def rollout_name(plan: dict) -> str:
 
 def table(candidates: list[Candidate], knob: str | None) -> list[str]:
     """The simulated candidates (pruned splits are summarised in one line)."""
-    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} | rho (closed form) | trained tokens/s | "
+    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} | bound (closed form) | trained tokens/s | "
               "mean / max staleness | rollout idle | trainer idle | |"), "|---:|---:|---:|---:|---:|---|---:|---:|---|"]
-    pruned = sorted({(c.rollout_gpus, round(c.rho, 2)) for c in candidates if not c.result})
+    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.result})
     for c in sorted((c for c in candidates if c.result), key=lambda c: (c.rollout_gpus, c.knob if c.knob is not None else -1)):
         mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped)) if on)
         r = c.result
-        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | {c.rho:.2f} | "
+        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | {c.bound:,.0f} | "
                      f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
                      f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
     if pruned:
-        lines.append(f"\npruned by the closed form (rho outside {RHO_BAND[0]:g}..{RHO_BAND[1]:g}): rollout GPUs "
-                     + ", ".join(f"{r} (rho {rho:.2f})" for r, rho in pruned))
+        lines.append("\npruned by the closed form (bound on trained tokens/s below the best simulated): rollout GPUs "
+                     + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
     return lines
