@@ -14,7 +14,8 @@ policies; the batch size stays the plan's, since it changes what is learned, not
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
    every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
    mark the Pareto front (tokens/s against mean staleness), and recommend the fastest point whose max
-   staleness stays within the plan's own setting's.
+   staleness stays within the plan's own setting's (within 1% counts as a tie: the plan's own setting, then
+   the split nearest even, win it).
 
 What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
 (default: the value that balances an even split, rho = 1 at R = N/2), linear scaling of training with GPUs.
@@ -161,12 +162,15 @@ def _dominates(a: Candidate, b: Candidate) -> bool:
 
 def choose(candidates: list[Candidate]) -> Candidate:
     """The fastest simulated point whose max staleness stays within the shipped setting's (the plan's bound is a
-    statement about learning, not only speed), on the Pareto front; lowest mean staleness on a tie."""
+    statement about learning, not only speed)."""
     shipped = next((c for c in candidates if c.shipped and c.result), None)
     limit = shipped.result["max_staleness"] if shipped else float("inf")
     within = [c for c in candidates if c.result and c.result["max_staleness"] <= limit] or [c for c in candidates if c.result]
-    front = [c for c in within if not any(_dominates(o, c) for o in within)]
-    return max(front, key=lambda c: (c.result["tokens_per_s"], -c.result["mean_staleness"]))
+    fastest = max(c.result["tokens_per_s"] for c in within)
+    # within 1% of the fastest is a tie (one seed): then lower staleness, then no change, then the split nearest even
+    tied = [c for c in within if c.result["tokens_per_s"] >= 0.99 * fastest]
+    total = tied[0].rollout_gpus + tied[0].train_gpus
+    return min(tied, key=lambda c: (c.result["mean_staleness"], not c.shipped, abs(c.rollout_gpus - total / 2)))
 
 
 def overrides(plan: dict, c: Candidate, gpus_per_inst: int) -> list[str]:
