@@ -23,11 +23,11 @@ VARIANTS = [  # (policy, eta, weight_sync, partial_rollout)
 ]
 
 
-def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int) -> SimConfig:
+def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int, instances: int = 64) -> SimConfig:
     """StaleFlow §6.5-like workload on the Table 4 cost model (response cap 20k, lognormal lengths)."""
     return SimConfig(
         mode="cost_model",
-        instances=64,
+        instances=instances,
         profile=CostProfile.load("staleflow-table4-qwen3-30b-a3b"),
         lengths=LengthSpec(kind="lognormal", mean=4096, tailness=60, cap=20480),
         prompt_tokens=256,
@@ -47,10 +47,12 @@ def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--instances", type=int, default=64,
+                        help="cost-model instances (Table 4: 2 GPUs each; 512 = 1,024 GPUs)")
     args = parser.parse_args()
     rows = []
     for policy, eta, sync, partial in VARIANTS:
-        cfg = config(policy, eta, sync, partial, args.steps)
+        cfg = config(policy, eta, sync, partial, args.steps, args.instances)
         wall, cpu = time.perf_counter(), time.process_time()
         r = simulate(cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -62,16 +64,18 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     header = (
-        f"# Simulator speed\n\n`python benchmarks/sim_speed.py --steps {args.steps}` on {platform.processor() or platform.machine()},"
+        f"# Simulator speed\n\n`python benchmarks/sim_speed.py --steps {args.steps} --instances {args.instances}` on {platform.processor() or platform.machine()},"
         f" Python {platform.python_version()}.\n\n{args.steps} train steps of B = 128 groups x 16 = 2048 trajectories,"
-        " 64 cost-model instances (configs/profiles/staleflow-table4-qwen3-30b-a3b.json), lognormal lengths"
+        f" {args.instances} cost-model instances = {2 * args.instances:,} GPUs"
+        " (configs/profiles/staleflow-table4-qwen3-30b-a3b.json, 2 GPUs per instance), lognormal lengths"
         " (mean 4096, tailness 60, cap 20480), 256-token prompts, trainer 5 s + 1.5e-5 s/token.\n\n"
         "| policy | eta | weight sync | wall s | CPU s | events | trajectories trained | virtual s | trained tokens/s |"
         " mean staleness | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(header + "\n".join(rows) + "\n")
-    print(f"wrote {RESULTS}")
+    out = RESULTS if args.instances == 64 else RESULTS.with_name(f"sim_speed_{2 * args.instances}gpus.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + "\n".join(rows) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
