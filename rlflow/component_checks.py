@@ -68,7 +68,15 @@ def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
                                     "name one with env: (calculator, python or package.module:Class), or remove "
                                     f"{field}"))
         return
+    before = len(problems)
     component(problems, "env", stage.env, loc + ("env",))
+    if len(problems) == before:  # a valid reference: its constructor must take env_kwargs (made once per episode)
+        try:
+            registry.resolve("env", stage.env)(**stage.env_kwargs)
+        except Exception as e:  # noqa: BLE001 - any constructor failure is the user's input to report
+            problems.append(Problem(loc + ("env_kwargs",), f"env '{stage.env}' rejects env_kwargs {stage.env_kwargs}: "
+                                    f"{type(e).__name__}: {e}", "bad-env-kwargs",
+                                    "pass the keyword arguments its constructor takes (see its docstring)"))
     if not stage.stop:
         problems.append(Problem(loc + ("stop",), f"env '{stage.env}' is never called: a turn goes to the environment "
                                 "when it ends at one of the stage's stop strings, and there are none", "env-needs-stop",
