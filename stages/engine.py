@@ -31,6 +31,12 @@ from rlflow.stages.trajectory import Trajectory
 FINISH_REASONS = ("stop", "length", "abort", "interrupt")
 
 
+def cut_at_stop(text: str, stop) -> tuple[str, bool]:
+    """(text before the first of the `stop` strings, True) if `text` contains one, else (text, False)."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
 class EngineDied(RuntimeError):
     """The engine can no longer generate (e.g. vLLM's engine-core process died). The Ray worker exits on it,
     so the driver treats the instance as dead and re-routes its trajectories (fault isolation)."""
@@ -157,8 +163,7 @@ class RolloutEngine(abc.ABC):
 
     def cut_at_stop(self, text: str) -> tuple[str, bool]:
         """(text before the first stop string, True) if `text` contains one, else (text, False)."""
-        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        return (text[: min(found)], True) if found else (text, False)
+        return cut_at_stop(text, self.stop)
 
     def begin_segment(self, traj: Trajectory) -> None:
         """Stamp versions on a trajectory about to generate: V_traj on a fresh one, versions_seen always."""

@@ -20,6 +20,7 @@ import pickle
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from rlflow.stages.engine import cut_at_stop
 from rlflow.stages.environment import Environment, EnvStep
 from rlflow.stages.trajectory import Trajectory
 
@@ -83,13 +84,26 @@ class Episodes:
             out.append(self._resolve(tid))
         return out
 
+    def finished(self, turns: list[Trajectory]) -> list[Trajectory]:
+        """Of the turns an engine step finished, the trajectories whose episode is over (the others went to their
+        environment)."""
+        return [t for t in turns if not self.turn_ended(t)]
+
+    def returned(self, engine, wait_s: float = 0.0) -> list[Trajectory]:
+        """Environment steps that came back (waiting up to `wait_s` for the first): next turns go back to `engine`
+        as continuations; returns the episodes the environment ended."""
+        ended = []
+        for traj in self.ready(wait_s):
+            if traj.finish_reason:
+                ended.append(traj)
+            else:
+                engine.start(traj)
+        return ended
+
     def take(self, tid: str) -> Trajectory | None:
         """Hand back a trajectory waiting on its environment (an interrupt: migration, a weight sync): its step
         is awaited and applied, and the environment travels inside the trajectory. None if not waiting here."""
-        if tid not in self.waiting:
-            return None
-        traj = self._resolve(tid, timeout_s=ENV_STEP_TIMEOUT_S)
-        return traj
+        return self._resolve(tid, timeout_s=ENV_STEP_TIMEOUT_S) if tid in self.waiting else None
 
     def leave(self, traj: Trajectory) -> None:
         """The trajectory leaves this instance mid-episode (interrupted on the engine): pack its environment."""
@@ -155,8 +169,7 @@ class Episodes:
         if traj.finish_reason == "stop" and traj.turn_start < len(traj.completion_ids):
             head = self.tokenizer.decode(traj.completion_ids[:traj.turn_start], skip_special_tokens=True)
             turn = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
-            found = [i for i in (turn.find(s) for s in self.stop) if i >= 0]
-            traj.completion = head + (turn[:min(found)] if found else turn)
+            traj.completion = head + cut_at_stop(turn, self.stop)[0]
 
 
 def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episodes | None:

@@ -172,14 +172,11 @@ def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_
                     episodes.begin(traj)
                 engine.start(traj)
         while not engine.idle or (episodes and episodes.waiting):
-            for t in engine.step() if not engine.idle else []:
-                if not (episodes and episodes.turn_ended(t)):
-                    finish(t)
-            for t in episodes.ready(wait_s=0.0 if not engine.idle else 0.5) if episodes else []:
-                if t.finish_reason:
-                    finish(t)
-                else:
-                    engine.start(t)
+            turns = engine.step() if not engine.idle else []
+            for t in episodes.finished(turns) if episodes else turns:
+                finish(t)
+            for t in episodes.returned(engine, wait_s=0.0 if not engine.idle else 0.5) if episodes else []:
+                finish(t)
     return done
 
 

@@ -90,12 +90,9 @@ class RolloutWorker:
                 episodes.begin(traj)
             self.engine.start(traj)
         if episodes:  # environment steps that came back: next turns, or episodes the environment ended
-            for traj in episodes.ready(wait_s=0.0 if not self.engine.idle else ENV_WAIT_S):
-                if traj.finish_reason:
-                    done.append(traj)
-                    self.turns_not_complete -= 1  # its last turn, handed to the environment, ended the episode
-                else:
-                    self.engine.start(traj)
+            ended = episodes.returned(self.engine, wait_s=0.0 if not self.engine.idle else ENV_WAIT_S)
+            done.extend(ended)
+            self.turns_not_complete -= len(ended)  # their last turn, handed to the environment, ended the episode
         busy = 0.0
         if not self.engine.idle:
             t0 = time.perf_counter()
@@ -107,11 +104,9 @@ class RolloutWorker:
                 print(f"rollout instance {self.instance_id}: {e}; exiting", flush=True)
                 ray.actor.exit_actor()
             busy = time.perf_counter() - t0
-            for t in turns:
-                if episodes and episodes.turn_ended(t):
-                    self.turns_not_complete += 1
-                else:
-                    done.append(t)
+            final = episodes.finished(turns) if episodes else turns
+            self.turns_not_complete += len(turns) - len(final)
+            done.extend(final)
         finished = [t.as_dict() for t in done]
         if finished:
             ray.get(self.store.put.remote(finished))  # payload in the store before the driver hears of it
