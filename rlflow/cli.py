@@ -276,7 +276,7 @@ def _doctor(args) -> int:
 def _tune(args) -> int:
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import Problem
-    from rlflow.tune import choose, gpus_per_instance, knob_name, overrides, table, tune
+    from rlflow.tune import choose, knob_name, overrides, table, tune
 
     plan = compile_pipeline(args.pipeline, args.overrides)
     try:
@@ -294,8 +294,7 @@ def _tune(args) -> int:
           + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
           + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "
              f"max staleness within its {shipped.result['max_staleness']})" if shipped else ""))
-    g = gpus_per_instance(args.profile, args.gpus_per_instance, [])
-    sets = " ".join(f"--set {o}" for o in [*args.overrides, *overrides(plan, best, g)])
+    sets = " ".join(f"--set {o}" for o in [*args.overrides, *overrides(plan, best)])
     print(f"rlflow compile {args.pipeline} {sets}")
     return EXIT_OK
 

@@ -36,6 +36,7 @@ FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to t
 class Candidate:
     rollout_gpus: int
     train_gpus: int
+    instances: int  # rollout instances: rollout_gpus / GPUs per instance
     knob: int | None  # eta, or queue capacity in groups; None: the policy has none
     rho: float = 0.0  # closed-form v_R / v_T, rollout at full load
     bound: float = 0.0  # closed-form upper bound on trained tokens/s: min(v_R at full load, v_T)
@@ -111,14 +112,15 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     for r, t in splits:
         v_r, v_t = (r // g) * per_inst, t * train_tokens_per_gpu
         for knob in knob_values(control):
-            candidates.append(Candidate(r, t, knob, v_r / v_t, min(v_r, v_t), shipped=(r, t) == even and knob == _own(control)))
+            candidates.append(Candidate(r, t, r // g, knob, v_r / v_t, min(v_r, v_t),
+                                        shipped=(r, t) == even and knob == _own(control)))
     name = knob_name(control["kind"])
 
     def run(c: Candidate):
         p = copy.deepcopy(plan)
         if name:
             p["control"]["staleness"][name] = c.knob
-        config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.rollout_gpus // g, profile=profile,
+        config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.instances, profile=profile,
                                train_tokens_per_s=c.train_gpus * train_tokens_per_gpu, seed=seed)
         r = simulate(config)
         c.result = {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
@@ -173,9 +175,9 @@ def choose(candidates: list[Candidate]) -> Candidate:
     return min(tied, key=lambda c: (c.result["mean_staleness"], not c.shipped, abs(c.rollout_gpus - total / 2)))
 
 
-def overrides(plan: dict, c: Candidate, gpus_per_inst: int) -> list[str]:
+def overrides(plan: dict, c: Candidate) -> list[str]:
     """The chosen point as `--set` overrides of the plan's pipeline."""
-    out = [f"stages.{rollout_name(plan)}.replicas={c.rollout_gpus // gpus_per_inst}"]
+    out = [f"stages.{rollout_name(plan)}.replicas={c.instances}"]
     knob = knob_name(plan["control"]["staleness"]["kind"])
     if knob:
         edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if e["policy"]["kind"] not in

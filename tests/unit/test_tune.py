@@ -54,8 +54,8 @@ def test_the_choice_is_at_least_as_fast_as_the_shipped_setting_within_its_stalen
     best = choose(candidates)
     assert best.result["tokens_per_s"] >= shipped.result["tokens_per_s"]
     assert best.result["max_staleness"] <= shipped.result["max_staleness"]
-    sets = overrides(plan, best, 2)
-    assert sets[0] == f"stages.rollout.replicas={best.rollout_gpus // 2}" and sets[1].endswith(f".eta={best.knob}")
+    sets = overrides(plan, best)
+    assert best.instances == best.rollout_gpus // 2 and sets[0] == f"stages.rollout.replicas={best.instances}" and sets[1].endswith(f".eta={best.knob}")
     again = compile_pipeline(REPO / "pipelines" / "staleflow.yaml", AT_SCALE + sets)  # the recommendation compiles
     assert again["control"]["staleness"]["eta"] == best.knob
 
