@@ -26,6 +26,12 @@ class SpeculativeState:
         self.inst_version = [version] * n_instances
         self.accum_traj_num = [0] * n_instances
 
+    def add(self, version: int) -> int:
+        """An instance joins (elastic rollout, operators/elastic.py) holding `version` and no work; its index."""
+        self.inst_version.append(version)
+        self.accum_traj_num.append(0)
+        return len(self.inst_version) - 1
+
     def issue(self, cmd: Command, ps_version: int | None = None) -> None:
         """Table 1: a command's effect on P right after issuance."""
         if isinstance(cmd, Pull):

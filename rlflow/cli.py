@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
                         "(a run id under .rlflow/runs/<name>/, or a run directory)")
     p.add_argument("--address", default=None, help="join this Ray cluster instead of starting an embedded one")
     overrides(p)
+    p = sub.add_parser("scale", help="resize an elastic rollout stage of a running run (stages.<rollout>.elastic)")
+    p.add_argument("stage", help="the rollout stage's name")
+    p.add_argument("instances", type=int, help="instances it should have, within its elastic min/max_replicas")
+    p.add_argument("--plan", default=None, help="the run's plan (default .rlflow/plan.json)")
+    p.add_argument("--run", default=None, metavar="RUN",
+                   help="a run directory or run id (default: the newest run of the plan's pipeline)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS until that many serve (default: return once asked)")
     p = sub.add_parser("simulate", help="run the plan in the discrete-event simulator (any scale, seconds)")
     p.add_argument("plan", nargs="?", default=None, help="plan path (default .rlflow/plan.json)")
     p.add_argument("--steps", type=int, default=100, help="training steps to simulate (default 100)")
@@ -49,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train-tokens-per-s", type=float, default=None, help="trainer throughput (default: workload block, else rho = 1)")
     p.add_argument("--prompt-tokens", type=int, default=0, help="prompt length held in the KV cache")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--scale", action="append", default=[], metavar="STEP:N",
+                   help="elastic rollout: N instances once STEP train steps have ended, as `rlflow scale` would ask "
+                        "(repeatable; cost_model mode)")
     p.add_argument("-o", "--output", default=".rlflow/sim", help="folder for the report (default .rlflow/sim)")
     overrides(p)
     p = sub.add_parser("tune", help="recommend the rollout/train GPU split and staleness setting (closed form + simulator)")
@@ -136,6 +147,57 @@ def _run(args) -> int:
     return EXIT_OK if not summary.get("stopped") else 130
 
 
+def _scale(args) -> int:
+    import time
+    from pathlib import Path
+
+    from rlflow.compiler import DEFAULT_PLAN, read_plan
+    from rlflow.errors import Problem
+    from rlflow.runtime.elastic import read_status, request_scale
+    from rlflow.runtime.launch import list_runs, locate_run
+
+    plan = read_plan(args.plan or DEFAULT_PLAN)
+    first = next((a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == args.stage), None)
+
+    def fail(loc: str, message: str, rule: str, fix: str):
+        raise PipelineInvalid("rlflow scale", [Problem((loc,), message, rule, fix)])
+
+    if first is None:
+        stages = sorted({a["stage"] for a in plan["actors"] if a["role"] == "rollout"})
+        fail("STAGE", f"the plan has no rollout stage '{args.stage}'", "unknown-stage", f"use one of {', '.join(stages)}")
+    e = first.get("elastic")
+    if e is None:
+        fail("STAGE", f"rollout stage '{args.stage}' is not elastic: it always has its replicas instances", "not-elastic",
+             f"declare stages.{args.stage}.elastic (min_replicas, max_replicas), compile, and run again")
+    if not e["min_replicas"] <= args.instances <= e["max_replicas"]:
+        fail("INSTANCES", f"{args.instances} is outside stages.{args.stage}.elastic [{e['min_replicas']}, "
+             f"{e['max_replicas']}]", "elastic-bounds", "ask for a count within the range, or widen it and run again")
+    if args.run is not None:
+        run_dir = locate_run(args.run, command="rlflow scale")
+    else:
+        runs = list_runs(plan["name"])
+        if not runs:
+            fail("--run", f"no run of pipeline '{plan['name']}' in .rlflow/runs/{plan['name']}", "no-run",
+                 "start one with `rlflow run`, or name its directory with --run")
+        run_dir = runs[-1]
+    path = request_scale(Path(run_dir), args.stage, args.instances)
+    print(f"asked run {run_dir} for {args.instances} instance(s) of '{args.stage}' ({path}); the run applies it "
+          "within a second and logs it")
+    if args.wait <= 0:
+        return EXIT_OK
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        status = read_status(Path(run_dir), args.stage)
+        if status and status["serving"] == args.instances and not status["starting"] and not status["retiring"]:
+            print(f"'{args.stage}' has {args.instances} serving instance(s)")
+            return EXIT_OK
+        time.sleep(0.5)
+    print(f"rlflow scale: waited {args.wait:g} s for {args.instances} serving instance(s) of '{args.stage}'; "
+          f"now {read_status(Path(run_dir), args.stage)} (is the run still going? an added instance may be waiting "
+          "for Ray to place it)", file=sys.stderr)
+    return EXIT_UNAVAILABLE
+
+
 def _simulate(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan
     from rlflow.errors import Problem
@@ -147,8 +209,13 @@ def _simulate(args) -> int:
     if args.overrides:
         plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
     try:
+        scale = [tuple(int(x) for x in item.split(":")) for item in args.scale if item.count(":") == 1
+                 and all(x.strip().isdigit() for x in item.split(":"))]
+        if len(scale) != len(args.scale):
+            raise ValueError(f"--scale: expected STEP:N (two whole numbers), got {', '.join(args.scale)}")
         config, notes = sim_config(plan, steps=args.steps, mode=args.mode, instances=args.instances, profile=args.profile,
-                                   train_tokens_per_s=args.train_tokens_per_s, prompt_tokens=args.prompt_tokens, seed=args.seed)
+                                   train_tokens_per_s=args.train_tokens_per_s, prompt_tokens=args.prompt_tokens, seed=args.seed,
+                                   scale=tuple(scale))
         for note in notes:
             print(f"note: {note}")
         print(f"simulating '{plan['name']}': {config.steps} steps, {config.mode} mode, {config.instances} instances, "
@@ -156,6 +223,8 @@ def _simulate(args) -> int:
         result = simulate(config)
     except (SimConfigError, ValueError, SimulationStalled) as e:
         raise PipelineInvalid(plan["source"], [Problem(("simulate",), str(e), "bad-simulation", "see rlflow simulate --help")]) from None
+    for t, after, n, why in result.scale_events:
+        print(f"scale at {t:,.1f} s (after step {after}): {n} instance(s); {why}")
     print(text_report(result))
     pred = plan["prediction"]
     if pred.get("available"):
@@ -299,7 +368,7 @@ def _tune(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"tune": _tune, "export": _export, "eval": _eval, "doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
+COMMANDS = {"tune": _tune, "scale": _scale, "export": _export, "eval": _eval, "doctor": _doctor, "profile": _profile, "compile": _compile, "validate": _validate, "schema": _schema, "run": _run, "simulate": _simulate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,6 +104,9 @@ def summary(plan: dict) -> str:
         if s["kind"] == "rollout":
             settings = f"engine={s['engine']} group_size={s['group_size']} max_new_tokens={s['max_new_tokens']} max_running={s['max_running']}"
             res = f"{s['replicas']} x (cpu {s['num_cpus']:g}, gpu {s['num_gpus']:g})"
+            if s.get("elastic"):
+                e = s["elastic"]
+                res += f", elastic {e['min_replicas']}..{e['max_replicas']}{' auto' if e['auto'] else ''}"
         elif s["kind"] == "reward":
             settings, res = f"fn={s['fn']}", f"{s['concurrency']} x (cpu {s['num_cpus']:g})"
         elif s["kind"] == "buffer":

@@ -97,6 +97,17 @@ def _episode(stage) -> dict:
     return {"episode": {"env": stage.env, "env_kwargs": dict(stage.env_kwargs), "max_turns": stage.max_turns}}
 
 
+def _elastic(stage) -> dict:
+    """An elastic rollout stage's bounds and pace (rlflow/runtime/elastic.py); nothing for a fixed one."""
+    return {"elastic": stage.elastic.model_dump(mode="json")} if stage.elastic else {}
+
+
+def _elastic_extra(actors: list[dict], key: str) -> float:
+    """CPUs or GPUs the instances an elastic stage may add need beyond its first `replicas`."""
+    firsts = [a for a in actors if a["role"] == "rollout" and a["index"] == 0 and "elastic" in a]
+    return sum(a[key] * (a["elastic"]["max_replicas"] - sum(b["stage"] == a["stage"] for b in actors)) for a in firsts)
+
+
 def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict]:
     actors = []
     rollouts = stages_of(spec, "rollout")
@@ -112,7 +123,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources), **_episode(s)})
+                           "resources": dict(s.resources), **_episode(s), **_elastic(s)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
@@ -237,9 +248,10 @@ def lower(spec: Pipeline, *, source: str, text: str, overrides: list[str], base_
         "control": {"staleness": control, "coordination": _coordination(spec, tasks, base_dir)},
         "prediction": predict(spec, control),
         "resources": {
-            "num_cpus": round(sum(a["num_cpus"] * a.get("replicas", 1) for a in actors)
+            # at the peak: an elastic rollout stage at its max_replicas
+            "num_cpus": round(sum(a["num_cpus"] * a.get("replicas", 1) for a in actors) + _elastic_extra(actors, "num_cpus")
                               + sum(o.get("num_cpus", 0) * o.get("concurrency", 1) for o in operators), 3),
-            "num_gpus": sum(a["num_gpus"] * a.get("replicas", 1) for a in actors),
+            "num_gpus": sum(a["num_gpus"] * a.get("replicas", 1) for a in actors) + _elastic_extra(actors, "num_gpus"),
             "cluster": spec.resources.model_dump(mode="json"),
         },
     }

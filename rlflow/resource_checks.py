@@ -3,7 +3,8 @@
 A request the cluster cannot hold would otherwise leave an actor or the trainer's placement group pending
 until a start-up timeout. Checked here only what is known at compile time: the embedded local cluster's
 declared `resources` (a cluster joined with `--address` is checked when the run places the trainer,
-train_sink.py, rule cluster-too-small there too).
+train_sink.py, rule cluster-too-small there too). An elastic rollout stage counts at its max_replicas: the embedded
+cluster has no autoscaler, so an instance it cannot place would only wait out its start_timeout_s.
 """
 
 from __future__ import annotations
@@ -12,8 +13,23 @@ from rlflow.errors import Problem
 from rlflow.schema import Pipeline
 
 
+_AT_PEAK = " (elastic stages at their max_replicas)"
+
+
+def _peak(stage) -> int:
+    """Instances or ranks a stage may hold at once: an elastic rollout stage's max_replicas."""
+    elastic = getattr(stage, "elastic", None)
+    return max(stage.replicas, elastic.max_replicas) if elastic else getattr(stage, "replicas", getattr(stage, "concurrency", 1))
+
+
 def check_resources(spec: Pipeline, batch_groups: int | None, problems: list[Problem]) -> None:
     rollouts = [s for s in spec.stages.values() if s.kind == "rollout"]
+    for name, s in spec.stages.items():
+        e = getattr(s, "elastic", None)
+        if e is not None and not e.min_replicas <= s.replicas <= e.max_replicas:
+            problems.append(Problem(("stages", name, "elastic"), f"replicas {s.replicas} is outside the elastic range "
+                                    f"[{e.min_replicas}, {e.max_replicas}]: the run starts with replicas instances",
+                                    "elastic-bounds", "set min_replicas <= replicas <= max_replicas"))
     for name, s in spec.stages.items():
         if s.kind != "train" or s.replicas == 1:
             continue
@@ -30,15 +46,15 @@ def check_resources(spec: Pipeline, batch_groups: int | None, problems: list[Pro
                                     "set num_gpus: 1 (one GPU per rank), or replicas: 1"))
     if spec.resources.address is not None:
         return
-    gpus = sum(s.num_gpus * s.replicas for s in spec.stages.values() if s.kind in ("rollout", "train"))
+    elastic = any(getattr(s, "elastic", None) for s in spec.stages.values())
+    gpus = sum(s.num_gpus * _peak(s) for s in spec.stages.values() if s.kind in ("rollout", "train"))
     if gpus > spec.resources.num_gpus:
-        problems.append(Problem(("resources", "num_gpus"), f"the stages ask for {gpus:g} GPU(s) but the embedded cluster "
+        problems.append(Problem(("resources", "num_gpus"), f"the stages ask for {gpus:g} GPU(s){_AT_PEAK if elastic else ''} but the embedded cluster "
                                 f"has resources.num_gpus {spec.resources.num_gpus}", "cluster-too-small",
                                 f"set resources.num_gpus to {gpus:g} (or more), or lower the stages' num_gpus"))
     if spec.resources.num_cpus is not None:
-        cpus = sum(s.num_cpus * getattr(s, "replicas", getattr(s, "concurrency", 1)) for s in spec.stages.values()
-                   if s.kind in ("rollout", "train", "reward"))
+        cpus = sum(s.num_cpus * _peak(s) for s in spec.stages.values() if s.kind in ("rollout", "train", "reward"))
         if cpus > spec.resources.num_cpus:
-            problems.append(Problem(("resources", "num_cpus"), f"the stages ask for {cpus:g} CPU(s) but the embedded cluster "
+            problems.append(Problem(("resources", "num_cpus"), f"the stages ask for {cpus:g} CPU(s){_AT_PEAK if elastic else ''} but the embedded cluster "
                                     f"has resources.num_cpus {spec.resources.num_cpus}", "cluster-too-small",
                                     f"raise resources.num_cpus to {cpus:g} (or leave it unset), or lower the stages' num_cpus"))

@@ -181,6 +181,23 @@ class CoordinatorSpec(Strict):
     """threshold migration: migrate when the fastest / slowest instance throughput ratio exceeds this."""
 
 
+class ElasticSpec(Strict):
+    """Elastic rollout (streamrl §4.3): instances join or leave a running stage, by `rlflow scale` or automatically."""
+
+    min_replicas: PositiveInt = 1
+    """Fewest instances the stage may shrink to."""
+    max_replicas: PositiveInt
+    """Most instances the stage may grow to. With the embedded cluster they must fit its CPUs and GPUs; on a cluster
+    joined with `--address` an added instance waits for Ray (or its autoscaler) to place it, up to start_timeout_s."""
+    auto: bool = False
+    """Add an instance when generating a batch takes longer than training one by more than one more instance would
+    save, and remove one when one fewer would still keep up (measured every window_steps train steps)."""
+    window_steps: PositiveInt = 3
+    """Train steps measured per automatic decision; the window restarts whenever an instance joins or leaves."""
+    start_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Seconds an added instance may take to be placed and load its engine; after that it is given up, logged."""
+
+
 class RolloutStage(Strict):
     """Generates groups of completions with the current (or a bounded-stale) policy."""
 
@@ -224,6 +241,8 @@ class RolloutStage(Strict):
     `ray start --resources '{"worker_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
     coordinator: CoordinatorSpec = Field(default_factory=CoordinatorSpec)
     """How trajectories are routed and migrated between instances."""
+    elastic: ElasticSpec | None = None
+    """Let instances join or leave during the run (`rlflow scale`, or `auto`); unset: always `replicas` instances."""
 
 
 class RewardStage(Strict):

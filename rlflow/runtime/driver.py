@@ -26,6 +26,7 @@ import ray
 from rlflow.errors import RunFailed
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
+from rlflow.runtime.elastic import Elastic
 from rlflow.runtime.evaluation import Evaluations
 from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
@@ -101,6 +102,7 @@ class Run:
                                     source=plan["source"], skip=resumed.drawn if resumed else None)
         self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
                                     ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
+        self.elastic = Elastic(self.fleets, self.out_dir, log=self.log)  # `rlflow scale`, and elastic.auto
         filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
         self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
                                      concurrency=op["concurrency"], num_cpus=op["num_cpus"],
@@ -171,15 +173,19 @@ class Run:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         for f in self.fleets:
             self.log(f"{f.stage}: {f.coordination.describe()}" + (f"; {f.dispatch.describe()}" if f.dispatch else ""))
+        if self.elastic.fleets:
+            self.log(self.elastic.describe())
         self.log(f"run '{self.plan['name']}': {self.metrics.steps} steps of {self.control['batch_size']} groups; "
                  f"tasks {', '.join(self.plan['tasks'])}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
         status = "FAILED"
         self.last_step_t = time.monotonic()
+        self.metrics.start(sum(f.instance_s() for f in self.fleets))
         trainer = next(a for a in self.plan["actors"] if a["role"] == "trainer")
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()
+                self.elastic.tick(self._submit)
                 for f in self.fleets:
                     f.coordinate(self.weights.version, self.weights.ref)
                     f.send(self._submit)
@@ -230,6 +236,10 @@ class Run:
         if event[0][0] == "eval":  # not training progress: does not feed the watchdog
             self._on_eval(event[0][1], self.evals.result(event[0][1], event[1]))
             return
+        if event[0][0] == "joined":  # an added rollout instance is ready (or failed to start); not progress either
+            _, fleet, inst = event[0]
+            fleet.on_joined(inst, event[1].exception())
+            return
         self.watchdog.fed()
         tag, payload = event[0], event[1:]
         if tag == "rewarded":
@@ -274,7 +284,7 @@ class Run:
         wall = max(now - self.last_step_t, 1e-9)
         self.last_step_t = now
         row = self.metrics.step_row(self.step, self.weights.version, self.sink.batch_info, trained, wall,
-                                    sum(f.busy_s() for f in self.fleets), sum(len(f.instances) for f in self.fleets),
+                                    sum(f.busy_s() for f in self.fleets), sum(f.instance_s() for f in self.fleets),
                                     self.buffer.counters, self.counts, self._recall())
         # cumulative counts from the durable ledger, so they never go backwards across resumes (the policy's
         # own counters start from zero in each process); in_flight and pending stay the policy's
@@ -283,6 +293,7 @@ class Run:
         row.update(consumed=ledger.get("trained", 0), filtered=ledger.get("filtered", 0), dropped=ledger.get("dropped", 0),
                    aborted=ledger.get("aborted", 0), admitted=sum(v for k, v in ledger.items() if k != "drawn"))
         row.update(self.clock.steady())  # control_share, driver_cpu_share (from step 2 on)
+        row["rollout_instances"] = sum(f.serving_count() for f in self.fleets)
         self.tracker.log_metrics(row, self.step)
         if self.plan["pipeline"]["tracking"]["progress"]:
             self.metrics.progress(row)
@@ -292,6 +303,7 @@ class Run:
             self.tracker.log_metrics({f"startup/{k}_s": v for k, v in self.clock.marks.items()}, 0)
         if self.evals.due(self.step):
             self.evals.submit(self.step, self.weights.ref, self._submit)
+        self.elastic.stepped(trained.get("step_time_s", 0.0), self._submit)
         self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
             self._checkpoint()

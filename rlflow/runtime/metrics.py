@@ -29,6 +29,7 @@ class Metrics:
         self.scored: dict[str, list[float]] = {}  # task -> rewards scored since the last step
         self.evals: list[dict] = []  # held-out evaluations, {"step", "eval/...": value}, in the order they arrived
         self._busy_prev = 0.0
+        self._instance_s_prev = 0.0
         self.t0 = time.monotonic()
 
     @staticmethod
@@ -45,8 +46,13 @@ class Metrics:
     def rewarded(self, task: str, rewards: list[float]) -> None:
         self.scored.setdefault(task, []).extend(rewards)
 
+    def start(self, instance_s: float) -> None:
+        """The loop starts: rollout idle ratios count instance-seconds from here, not from the actors' start-up."""
+        self._instance_s_prev = instance_s
+
     def step_row(self, step: int, version: int, info: dict, trained: dict, wall: float, busy_s: float,
-                 n_instances: int, counters, counts: dict, recall: float | None) -> dict:
+                 instance_s: float, counters, counts: dict, recall: float | None) -> dict:
+        """instance_s: cumulative rollout instance-seconds served (instances may join or leave, elastic.py)."""
         st, rw, lengths = info["staleness"], info["rewards"], info["lengths"]
         mean_len = _mean(lengths) or 0.0
         everything = [r for rs in self.scored.values() for r in rs]
@@ -61,13 +67,13 @@ class Metrics:
             "length_tailness": (_mean(info["group_max"]) / mean_len) if mean_len else 0.0,
             "trajectories_per_s": len(rw) / wall, "tokens_per_s": trained.get("tokens", 0) / wall,
             "trainer_idle_ratio": max(0.0, 1 - trained.get("step_time_s", 0) / wall),
-            "rollout_idle_ratio": max(0.0, 1 - (busy_s - self._busy_prev) / (wall * max(1, n_instances))),
+            "rollout_idle_ratio": max(0.0, 1 - (busy_s - self._busy_prev) / max(instance_s - self._instance_s_prev, 1e-9)),
             "admitted": counters.admitted, "consumed": counters.consumed, "aborted": counters.aborted,
             "filtered": counters.filtered, "dropped": counters.dropped, "in_flight": counters.in_flight,
             "pending": counters.pending, **counts,
             **{k: v for k, v in trained.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         }
-        self._busy_prev = busy_s
+        self._busy_prev, self._instance_s_prev = busy_s, instance_s
         for task in self.plan["tasks"]:
             mine = [i for i, t in enumerate(info["task_of_traj"]) if t == task]
             row[f"task/{task}/reward_all_mean"] = _mean(self.scored.get(task, []))

@@ -82,6 +82,30 @@ class RuntimeCoordinator:
         return (f"rollout coordinator (staleflow §5.2): routing={pc.routing} sync={sync} migration={pc.migration}; "
                 f"a cycle every {pc.interval_s:g}s, or as soon as an instance runs out of work")
 
+    def add_instance(self) -> int:
+        """Elastic rollout: room for one more instance (its index); it joins P when it has started (joined())."""
+        for per_instance in (self.in_transit, self.noted):
+            per_instance.append(set())
+        for per_instance in (self.sent_aborts, self.sent_interrupts):
+            per_instance.append([])
+        self.complete_base.append(0)
+        self.kv_prev.append(None)
+        return self.coord.P.add(0)
+
+    def joined(self, inst) -> None:
+        """A started instance will load the PS version it was sent (inst.pull) before any work: P expects that."""
+        P = self.coord.P
+        P.inst_version[inst.index], P.accum_traj_num[inst.index] = inst.pull[0], 0
+
+    def release(self, inst) -> int:
+        """Elastic rollout, an instance leaving: everything routed to it goes back to the TS, generated tokens
+        kept (a partial rollout, resumed elsewhere with its V_traj, as after a migration). It is out of the
+        snapshots already, so P is not touched. Returns how many it had."""
+        tids = [t for t in inst.running if t not in self.in_transit[inst.index] and t not in inst.interrupts]
+        self._interrupt(inst, tids)
+        inst.pull = None  # no weights to load for work it will not do
+        return len(tids)
+
     def _reserve(self, reserve):
         def on_reserve(gid, version: int) -> None:
             reserve(gid, version)  # the staleness policy and the group assembler (fleet)
@@ -93,7 +117,7 @@ class RuntimeCoordinator:
         """A cycle is due every interval_s, and as soon as an instance that had work has run out of it
         (a drained instance asks for work at once instead of idling until the next period)."""
         return now >= self.next_cycle or any(
-            i.alive and i.ref is None and _idle(i) and i.index not in self.idle_after_cycle for i in instances)
+            i.serving and i.ref is None and _idle(i) and i.index not in self.idle_after_cycle for i in instances)
 
     def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch, dispatch=None) -> list | None:
         """Algorithm 1 on an exact snapshot (every alive instance between two steps); commands go to the Instances.
@@ -102,7 +126,7 @@ class RuntimeCoordinator:
         dispatch (skew-aware, rlflow/runtime/dispatch_lanes.py): routing runs once per lane, the TS in LPT order,
         and every Route is checked against its trajectories' lanes before it is carried out.
         """
-        alive = [i for i in instances if i.alive]
+        alive = [i for i in instances if i.serving]
         views = self.queue.views()
         lanes = split = None
         if dispatch is not None:
@@ -263,7 +287,7 @@ class RuntimeCoordinator:
             if inst.running.pop(tid, None) is None:
                 continue  # aborted while it was coming back
             target = self.held.pop(tid, None)
-            if target is not None and instances[target].alive:
+            if target is not None and instances[target].serving:
                 instances[target].routes.append(row)
                 instances[target].running[tid] = row
             else:

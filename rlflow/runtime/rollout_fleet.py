@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import ray
+
 from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import RuntimeDispatch
@@ -44,6 +46,19 @@ class RolloutInstance:
     busy_s: float = 0.0  # seconds generating or loading weights
     step_s: float = 0.0  # seconds in engine.step alone (decoding; no weight loads)
     finished_tokens: int = 0  # completion tokens of the trajectories it finished (eos included)
+    finished: int = 0  # trajectories it finished (the elastic monitor's rate)
+    # elastic rollout (runtime/elastic.py): an added instance is `starting` until its actor is ready; a removed one
+    # is `retiring` while its trajectories go back to the TS, then ends (alive False)
+    starting: bool = False
+    retiring: bool = False
+    deadline: float = 0.0  # a starting instance is given up after this (time.monotonic())
+    joined_t: float | None = None  # when it started serving, and when it stopped (instance-seconds for idle ratios)
+    left_t: float | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Takes part in coordinator cycles: alive, and not leaving."""
+        return self.alive and not self.retiring
 
     def has_work(self) -> bool:
         return bool(self.routes or self.aborts or self.interrupts or self.pull or not self.idle)
@@ -62,11 +77,10 @@ class RolloutFleet:
         self.group_size = self.spec["group_size"]
         self.members = self.group_size + self.spec["group_redundancy"]  # trajectories launched per group
         self.batch_groups = plan["control"]["staleness"]["batch_size"]
-        self.instances = [
-            RolloutInstance(a["index"], RolloutWorker.options(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"],
-                                                              resources=a.get("resources", {})).remote(
-                a["engine"], ship_model(model_dir), a["index"], a["engine_kwargs"], store, a.get("episode")))  # the model via the object store
-            for a in actors]
+        self.model = ship_model(model_dir)  # the model via the object store, for every instance (added ones too)
+        self.elastic = self.spec.get("elastic")  # None: always the plan's instances
+        self.t0 = time.monotonic()
+        self.instances = [RolloutInstance(a["index"], self._spawn(a), joined_t=self.t0) for a in actors]
         self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
         pc = stage_coordination(plan, stage)
         rollout = self.spec["engine_kwargs"] | {k: self.spec[k] for k in ("group_size", "group_redundancy")}
@@ -78,13 +92,18 @@ class RolloutFleet:
         self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
         self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
         self.pull_s = 0.0
-        self.t0 = time.monotonic()
+        self.ps = (0, None)  # the PS's (version, ref) at the last cycle: what an instance that joins loads first
         for k in ("rerouted", "aborted_trajectories"):
             counts.setdefault(k, 0)
         self.episodic = "episode" in self.spec  # multi-turn (runtime/episodes.py): count turns and environment waits
         if self.episodic:
             for k in ("episodes", "episode_turns", "env_tokens", "env_wait_s"):
                 counts.setdefault(k, 0)
+
+    def _spawn(self, a: dict):
+        opts = dict(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"], resources=a.get("resources", {}))
+        return RolloutWorker.options(**opts).remote(a["engine"], self.model, a["index"], a["engine_kwargs"], self.store,
+                                                    a.get("episode"))
 
     def ready_refs(self) -> list:
         return [i.handle.ready.remote() for i in self.instances]
@@ -114,7 +133,7 @@ class RolloutFleet:
             drawn = True
         if self.dispatch is not None and (drawn or self.dispatch.dirty):
             prompts = {r["group_id"]: r["prompt"] for r in ts.initial_rows()}
-            self.dispatch.plan(prompts, sum(i.alive for i in self.instances))
+            self.dispatch.plan(prompts, self.serving_count())
 
     # ------------------------------------------------------------------ the coordinator cycle
     def next_cycle_in(self, now: float) -> float:
@@ -126,10 +145,13 @@ class RolloutFleet:
         """One cycle (staleflow.txt §5.2) on an exact snapshot, when one is due: instances that return are
         held until every alive one has, then sync, migration and routing commands are queued for them."""
         c, now = self.coordination, time.monotonic()
+        self.ps = (ps_version, ps_ref)
+        if self.elastic:
+            self._tend(now)
         if not c.holding and not c.due(now, self.instances):
             return
         c.holding = True
-        if any(i.ref is not None for i in self.instances if i.alive):
+        if any(i.ref is not None for i in self.instances if i.serving):
             return  # wait for every instance to finish its step
         self._top_up()
         c.cycle(self.instances, ps_version, ps_ref, self.buffer.verify, self._reserve, self._launch, dispatch=self.dispatch)
@@ -173,6 +195,7 @@ class RolloutFleet:
         inst.busy_s += result["busy_s"] + result["pull_s"]
         inst.step_s += result["busy_s"]
         inst.finished_tokens += sum(meta["tokens"] for meta in result["finished"])
+        inst.finished += len(result["finished"])
         inst.idle = result["idle"]
         snap = result["snapshot"]
         inst.version, inst.snapshot = snap["version"], snap
@@ -243,7 +266,7 @@ class RolloutFleet:
 
     def on_death(self, inst: RolloutInstance, err: Exception) -> None:
         """A dead instance's trajectories go back to the TS; the next cycle routes them to the others."""
-        inst.alive, inst.ref = False, None
+        inst.alive, inst.ref, inst.left_t = False, None, time.monotonic()
         self.log(f"rollout instance {self.stage}-{inst.index} died ({type(err).__name__}); "
                  f"re-routing its {len(inst.running)} trajectories")
         if not any(i.alive for i in self.instances):
@@ -253,6 +276,81 @@ class RolloutFleet:
         self.coordination.orphaned(inst, orphans)
         inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
         self.counts["rerouted"] += len(orphans)
+
+    # ------------------------------------------------------------------ elastic rollout (runtime/elastic.py)
+    def serving_count(self) -> int:
+        return sum(i.serving for i in self.instances)
+
+    def scale_to(self, n: int, submit) -> str:
+        """Start or retire instances until n serve; returns what it did. Instances still starting count as
+        serving-to-be; retiring picks those still starting first, then the newest serving ones."""
+        starting = [i for i in self.instances if i.starting]
+        serving = [i for i in self.instances if i.serving]
+        now = len(serving) + len(starting)
+        if n > now:
+            added = [self._add(submit) for _ in range(n - now)]
+            return f"starting instance(s) {', '.join(str(i.index) for i in added)}"
+        leaving = (starting[::-1] + serving[::-1])[:now - n]
+        for inst in leaving:
+            if inst.starting:
+                inst.starting = False
+                ray.kill(inst.handle)
+            else:
+                inst.retiring = True
+        return f"retiring instance(s) {', '.join(str(i.index) for i in leaving)}" if leaving else "nothing to do"
+
+    def _add(self, submit) -> RolloutInstance:
+        index = self.coordination.add_instance()
+        a = dict(self.spec, index=index, name=f"{self.stage}-{index}")
+        inst = RolloutInstance(index, self._spawn(a), alive=False, starting=True,
+                               deadline=time.monotonic() + self.elastic["start_timeout_s"])
+        self.instances.append(inst)
+        submit(inst.handle.ready.remote(), ("joined", self, inst))
+        return inst
+
+    def on_joined(self, inst: RolloutInstance, error: Exception | None) -> None:
+        """An added instance's actor is ready (or failed to start): it loads the PS's version, then takes work."""
+        if not inst.starting:
+            return  # given up (timed out, or scaled back down) before it was ready
+        inst.starting = False
+        if error is not None:
+            self.log(f"rollout instance {self.stage}-{inst.index} failed to start ({type(error).__name__}: {error}); "
+                     "not added")
+            return
+        inst.alive, inst.joined_t = True, time.monotonic()
+        inst.pull, inst.version = self.ps, self.ps[0]
+        self.coordination.joined(inst)
+        self.log(f"rollout instance {self.stage}-{inst.index} joined; loading weights version {self.ps[0]}; "
+                 f"{self.serving_count()} serving")
+
+    def _tend(self, now: float) -> None:
+        """Give up instances that did not start in time; retiring ones hand their work back, then end."""
+        for inst in self.instances:
+            if inst.starting and now > inst.deadline:
+                inst.starting = False
+                ray.kill(inst.handle)
+                a = self.spec
+                self.log(f"rollout instance {self.stage}-{inst.index} did not start within "
+                         f"{self.elastic['start_timeout_s']:g} s: Ray could not place an actor needing {a['num_cpus']:g} "
+                         f"CPU, {a['num_gpus']:g} GPU{', ' + str(a['resources']) if a.get('resources') else ''} "
+                         "(a cluster autoscaler adds nodes for such requests; without one, add a node with "
+                         "`ray start --address`); not added")
+            elif inst.retiring and inst.alive and inst.ref is None:
+                if self.coordination.release(inst):
+                    continue  # its next step returns them
+                if not inst.running and not inst.interrupts and not inst.routes and not inst.aborts:
+                    inst.alive, inst.retiring, inst.left_t = False, False, now
+                    ray.kill(inst.handle)
+                    self.log(f"rollout instance {self.stage}-{inst.index} left; {self.serving_count()} serving")
+
+    def instance_s(self) -> float:
+        """Instance-seconds served so far (rollout idle ratios divide busy seconds by this)."""
+        now = time.monotonic()
+        return sum((i.left_t or now) - i.joined_t for i in self.instances if i.joined_t is not None)
+
+    def counters(self) -> dict[int, tuple[float, int]]:
+        """Serving instances' (busy seconds, trajectories finished): the elastic monitor's input."""
+        return {i.index: (i.busy_s, i.finished) for i in self.instances if i.serving}
 
     def busy_s(self) -> float:
         return sum(i.busy_s for i in self.instances)

@@ -98,6 +98,12 @@ class SimConfig:
     turns: int = 1  # generation turns per episode
     env_latency_s: float = 0.0  # mean seconds of one environment step (turns - 1 steps per episode)
     env_latency: str = "fixed"  # "fixed" | "exponential" (drawn from a stream seeded by `seed`)
+    # elastic rollout (operators/elastic.py): instances join or leave during the run; coordinated cost_model only
+    scale: tuple = ()  # ((after_step, instances), ...): resize when that many train steps have ended (`rlflow scale`)
+    elastic_min: int | None = None  # automatic scaling (streamrl §4.3) within [elastic_min, elastic_max]
+    elastic_max: int | None = None
+    elastic_window: int = 3  # train steps measured per automatic decision
+    instance_start_s: float = 0.0  # seconds an added instance takes to start before it loads weights
     trainer: TrainerModel = field(default_factory=lambda: TrainerModel(t_step=1.0))
     steps: int = 100  # train steps to simulate
     warmup_steps: int = 10  # steps excluded from steady-state statistics
@@ -143,14 +149,37 @@ class SimConfig:
                 errors.append("lengths.cap: cost_model mode needs capped lengths (a trajectory must fit the KV budget)")
             elif longest > self.profile.kv_tokens:
                 errors.append(f"lengths.cap: prompt + cap = {longest} tokens exceeds the KV budget ({self.profile.kv_tokens:.0f} tokens)")
+        errors += self._elastic_errors()
         if errors:
             raise SimConfigError("; ".join(errors))
+
+    def _elastic_errors(self) -> list[str]:
+        errors = []
+        if (self.scale or self.elastic) and self.mode != "cost_model":
+            errors.append("scale / elastic_*: instances join or leave only in mode 'cost_model' (slots mode has none)")
+        for entry in self.scale:
+            if len(entry) != 2 or entry[0] < 0 or entry[1] < 1:
+                errors.append(f"scale: entries are (after_step >= 0, instances >= 1), got {entry!r}")
+        if (self.elastic_min is None) != (self.elastic_max is None):
+            errors.append("elastic_min / elastic_max: give both, or neither")
+        elif self.elastic and not 1 <= self.elastic_min <= self.instances <= self.elastic_max:
+            errors.append(f"elastic_min <= instances <= elastic_max must hold, got {self.elastic_min} <= "
+                          f"{self.instances} <= {self.elastic_max}")
+        if self.elastic_window < 1 or self.instance_start_s < 0:
+            errors.append("elastic_window must be >= 1 step and instance_start_s >= 0 s")
+        return errors
+
+    @property
+    def elastic(self) -> bool:
+        """Automatic scaling (streamrl §4.3) within [elastic_min, elastic_max]."""
+        return self.elastic_min is not None and self.elastic_max is not None
 
     @property
     def coordinated(self) -> bool:
         """Is the rollout driven by the coordinator's cycle (any non-default coordination choice)?"""
         return (self.coordinator or self.routing != "least_loaded" or self.migration != "none"
-                or self.dispatch != "none" or self.weight_sync in ("greedy", "throughput_aware"))
+                or self.dispatch != "none" or self.weight_sync in ("greedy", "throughput_aware")
+                or bool(self.scale) or self.elastic)  # elastic: one path, the coordinator's, as in the runtime
 
     @property
     def batch_samples(self) -> int:

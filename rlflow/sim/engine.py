@@ -55,6 +55,10 @@ class Instance:
         self.prefill_tokens = 0.0
         self.preemptions = 0
         self.completed = 0  # completed since the last pull (the snapshot's complete_trajs)
+        self.finished_total = 0  # completed since it started (the elastic monitor's rate)
+        self.retired = False  # elastic: left the fleet; its episodes back from their environment go to the TS
+        self.joined_at = self.sim.now  # instance-seconds for idle ratios (elastic instances join and leave)
+        self.left_at: float | None = None
         self.kv_prev: float | None = None  # KV units at the previous snapshot
 
     # -- state ------------------------------------------------------------------------------------
@@ -139,6 +143,7 @@ class Instance:
                 self._remove(sample)
                 if sample.last_turn:
                     self.completed += 1
+                    self.finished_total += 1
                     sim.sample_done(sample)
                 else:
                     self._to_env(sample)
@@ -238,6 +243,10 @@ class Instance:
         if self.env.pop(id(sample), None) is not sample:
             return  # aborted meanwhile
         self.sim.env_left()
+        if self.retired:  # elastic: this instance left meanwhile; the continuation resumes wherever it is routed
+            sample.where = None
+            self.fleet.ts.put(sample)
+            return
         self.enqueue(sample)  # a continuation: back to this engine, whatever sync is pending (episodes finish here)
         self.fleet.touch(self)
 

@@ -19,6 +19,7 @@ import random
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
 from rlflow.operators.cost_profile import CostProfile
+from rlflow.operators.elastic import ElasticMonitor, ElasticRule
 from rlflow.operators.dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
@@ -121,6 +122,10 @@ class Fleet:
         """Busy instance-seconds since the start (running, prefilling or pulling)."""
         return sum(inst.busy_time(now) for inst in self.instances)
 
+    def unit_time(self, now: float) -> float:
+        """Instance-seconds served since the start (elastic instances count while they are in the fleet)."""
+        return sum((now if inst.left_at is None else inst.left_at) - inst.joined_at for inst in self.instances)
+
     @property
     def preemptions(self) -> int:
         return sum(inst.preemptions for inst in self.instances)
@@ -145,6 +150,11 @@ class CoordinatedFleet(Fleet):
         self.cfg = cfg
         self.ts = sim.ts
         self.interrupts = 0
+        self.starting = 0  # elastic: instances asked for that have not joined yet
+        self.monitor = None
+        if cfg.elastic:
+            rule = ElasticRule(cfg.elastic_min, cfg.elastic_max, cfg.elastic_window)
+            self.monitor = ElasticMonitor(rule, cfg.batch_samples)
         self._long: set[int] = set()  # ids of samples dispatched as long-tail
         self._n_long = 0
         self._recent: list[int] = []  # recent completed lengths (dispatch's distribution D)
@@ -165,7 +175,7 @@ class CoordinatedFleet(Fleet):
         if sim._stop:
             return
         self._top_up()
-        snap = Snapshot([self._inst_snapshot(inst) for inst in self.instances], self.ts.trajs(), sim.weights)
+        snap = Snapshot([self._inst_snapshot(inst) for inst in self.serving], self.ts.trajs(), sim.weights)
         lanes = self._lanes() if self.cfg.dispatch == "skew_aware" else None
         cmds = self.coord.cycle(snap, sim._verify, self._reserve, lanes)
         for inst in self.instances:
@@ -198,7 +208,7 @@ class CoordinatedFleet(Fleet):
         recent = self._recent[-4096:] or [s.length for s in samples]
         p = self.instances[0].p
         ptl = lambda bs: p.step_latency(p.k5 * bs * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50)), bs)
-        plan = skew_aware_dispatch(samples, predicted, len(self.instances), recent, ptl,
+        plan = skew_aware_dispatch(samples, predicted, len(self.serving), recent, ptl,
                                    alpha=self.cfg.long_tail_fraction,
                                    max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (self.sim.cfg.prompt_tokens + l)))))
         self._n_long = plan.n_long
@@ -209,8 +219,8 @@ class CoordinatedFleet(Fleet):
             group.samples.sort(key=lambda s: order.get(id(s), -1))
 
     def _lanes(self):
-        long_insts = frozenset(range(self._n_long))
-        rest = frozenset(range(self._n_long, len(self.instances)))
+        idx = [inst.idx for inst in self.serving]
+        long_insts, rest = frozenset(idx[:self._n_long]), frozenset(idx[self._n_long:])
         is_long = lambda t: id(t) in self._long
         return [(is_long, long_insts), (lambda t: not is_long(t), rest)]
 
@@ -238,6 +248,62 @@ class CoordinatedFleet(Fleet):
                 self.ts.take(s)
                 inst.enqueue(s)
         self.touch(inst)
+
+    # -- elastic rollout (operators/elastic.py) ------------------------------------------------------
+    @property
+    def serving(self) -> list[Instance]:
+        return [inst for inst in self.instances if not inst.retired]
+
+    def resize(self, n: int, why: str) -> None:
+        """Start or retire instances until n serve: an added one joins instance_start_s later and loads the
+        latest weights before taking work; a retired one hands its work back to the TS at once (partial
+        rollouts, V_traj kept) and its episodes on an environment when their step ends."""
+        sim = self.sim
+        serving = self.serving
+        have = len(serving) + self.starting
+        for _ in range(n - have):
+            self.starting += 1
+            sim.schedule(sim.now + self.cfg.instance_start_s, self._join, None)
+        cancel = min(self.starting, max(0, have - n))
+        self.starting -= cancel
+        for inst in serving[::-1][:max(0, have - n - cancel)]:
+            self._retire(inst)
+        sim.scale_events.append((sim.now, sim._steps_done, len(self.serving) + self.starting, why))
+        if self.monitor is not None:
+            self.monitor.restart()
+
+    def _join(self, _) -> None:
+        if not self.starting:
+            return  # scaled back down before it started
+        self.starting -= 1
+        sim = self.sim
+        inst = Instance(len(self.instances), self, self.instances[0].p, sim.cfg.prompt_tokens)
+        self.coord.P.add(sim.weights)
+        self.instances.append(inst)
+        inst.pull(sim.weights)  # weights first: the pull's time is the join's cost
+        self.pulls += 1
+        self.units = len(self.serving)  # serving now (idle ratios use unit_time)
+        self.touch(inst)
+
+    def _retire(self, inst: Instance) -> None:
+        inst.advance(self.sim.now)
+        for s in list(inst.running.values()) + list(inst.waiting):
+            inst.interrupt(s)
+            self.ts.put(s)
+            self.interrupts += 1
+        inst.retired, inst.left_at = True, self.sim.now
+        self.units = len(self.serving)  # serving now (idle ratios use unit_time)
+        inst.plan()  # nothing left to run: no more events of its own
+
+    def stepped(self, train_s: float) -> None:
+        """A train step ended: the automatic rule measures the serving instances."""
+        if self.monitor is None or self.starting:
+            return
+        now = self.sim.now
+        counters = {i.idx: (i.busy_time(now), i.finished_total) for i in self.serving}
+        m = self.monitor.observe(counters, train_s)
+        if m is not None and m.target != m.instances:
+            self.resize(m.target, m.describe())
 
     def sample_done(self, sample) -> None:
         self._long.discard(id(sample))

@@ -61,10 +61,19 @@ def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
     return dict(turns=turns, env_latency_s=latency_s, env_latency=law)
 
 
+def _elastic(rollout: dict) -> dict:
+    """An elastic stage's automatic rule (streamrl §4.3) within its bounds; `rlflow scale` requests are `scale`."""
+    e = rollout.get("elastic")
+    if not e or not e["auto"]:
+        return {}
+    return {"elastic_min": e["min_replicas"], "elastic_max": e["max_replicas"], "elastic_window": e["window_steps"]}
+
+
 def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
-               seed: int | None = None) -> tuple[SimConfig, list[str]]:
-    """The simulation of `plan`, and notes on what was assumed."""
+               seed: int | None = None, scale: tuple = ()) -> tuple[SimConfig, list[str]]:
+    """The simulation of `plan`, and notes on what was assumed. scale: ((after_step, instances), ...), what
+    `rlflow scale` would ask of an elastic stage during the run."""
     notes: list[str] = []
     _, rollout = _rollout(plan)
     w = plan["pipeline"]["workload"]
@@ -106,7 +115,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
-                         partial_rollout=pc.partial_rollout, **coordination)
+                         partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
         n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
         held = n * (prompt_tokens + expected_length(lengths) / 2)
         v_r = instances * n / prof.step_latency(prof.k5 * held, n)  # decode tokens/s of a full fleet

@@ -86,6 +86,8 @@ class Simulation:
         self._env_area = 0.0  # integral of env_waiting over time
         self._env_t = 0.0
         self._env_area_at_warm = 0.0
+        self.scale_events: list = []  # elastic: (seconds, steps ended, instances, why)
+        self._units_at_warm = 0.0
         if config.mode == "slots":
             stagger = expected_length(config.lengths) / config.speed if config.stagger else 0.0
             self.rollout = SlotPool(self, config.slots, config.speed, config.instances, stagger)
@@ -195,6 +197,7 @@ class Simulation:
             self._trained_samples += len(lengths)
             self._train_busy += duration
         self._training = True
+        self._last_train_s = duration
         self._train_steps.append((self.now, self.now + duration))
         self.schedule(self.now + duration, self._on_train_end, step)
 
@@ -206,12 +209,24 @@ class Simulation:
             self._in_window = True
             self._t_warm = self.now
             self._busy_at_warm = self.rollout.busy_time(self.now)
+            self._units_at_warm = self.rollout.unit_time(self.now)
             self._env_count(0)
             self._env_area_at_warm = self._env_area
         if self._steps_done == self.cfg.steps:
             self._stop = True
             return
         self.rollout.publish(self.weights)
+        self._elastic()
+
+    def _elastic(self) -> None:
+        """Elastic rollout: the scale requests due after this step (`cfg.scale`), else the automatic rule."""
+        if not self.cfg.coordinated:
+            return
+        asked = [n for after, n in self.cfg.scale if after == self._steps_done]
+        if asked:
+            self.rollout.resize(asked[-1], f"scale to {asked[-1]} after step {self._steps_done}")
+        else:
+            self.rollout.stepped(self._last_train_s)
 
     # -- loop -------------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -264,7 +279,6 @@ class Simulation:
         cfg = self.cfg
         end = self.now
         window = max(end - self._t_warm, 1e-12)
-        units = self.rollout.units
         busy = self.rollout.busy_time(end) - self._busy_at_warm
         times, running = self.timeline.resample(end, cfg.timeline_points)
         c = self.policy.counters
@@ -285,7 +299,7 @@ class Simulation:
             sampled_lengths=self._sampled_lengths,
             expected_length=expected_length(cfg.lengths),
             trainer_idle_ratio=max(0.0, 1 - self._train_busy / window),
-            rollout_idle_ratio=max(0.0, 1 - busy / (units * window)),
+            rollout_idle_ratio=max(0.0, 1 - busy / max(self.rollout.unit_time(end) - self._units_at_warm, 1e-12)),
             consumed=c.consumed,
             dropped=c.dropped,
             aborted=c.aborted,
@@ -301,6 +315,7 @@ class Simulation:
             turns=cfg.turns,
             env_steps=self.env_steps,
             mean_env_waiting=(self._env_area - self._env_area_at_warm) / window,
+            scale_events=self.scale_events,
         )
 
 

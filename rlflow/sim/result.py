@@ -18,6 +18,9 @@ class Timeline:
         self._n: list[list[int]] = [[0] for _ in range(instances)]
 
     def record(self, inst: int, t: float, running: int) -> None:
+        while inst >= len(self._t):  # an instance that joined during the run (elastic): zero until then
+            self._t.append([0.0])
+            self._n.append([0])
         times, counts = self._t[inst], self._n[inst]
         if times[-1] == t:
             counts[-1] = running
@@ -79,6 +82,7 @@ class SimResult:
     turns: int = 1  # generation turns per episode
     env_steps: int = 0  # environment steps taken between turns (whole run)
     mean_env_waiting: float = 0.0  # samples waiting on an environment, time-averaged over the window
+    scale_events: list = field(default_factory=list)  # elastic: (sim seconds, steps ended, serving instances, why)
 
     @property
     def mean_staleness(self) -> float:

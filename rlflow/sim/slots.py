@@ -62,6 +62,10 @@ class SlotPool:
             else:
                 self._resume.pop(id(sample), None)
 
+    def unit_time(self, now: float) -> float:
+        """Slot-seconds since the start (the slots never change)."""
+        return self.units * now
+
     def busy_time(self, now: float) -> float:
         """Busy slot-seconds since the start."""
         self._account(now)
