@@ -61,7 +61,7 @@ class Elastic:
             if e["auto"]:
                 rule = ElasticRule(e["min_replicas"], e["max_replicas"], e["window_steps"])
                 self.monitors[stage] = ElasticMonitor(rule, f.batch_groups * f.members)
-            self.seen[stage] = self._mtime(stage)  # a request left from an earlier run is not this run's
+            self.seen[stage] = 0  # a fresh run's directory is new; a resumed run applies the last request it was sent
         self.status = {}
 
     def _mtime(self, stage: str) -> int:

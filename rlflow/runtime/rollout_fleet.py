@@ -110,6 +110,7 @@ class RolloutFleet:
 
     def start_at(self, version: int, ref) -> None:
         """A resumed run: every instance loads the restored version first."""
+        self.ps = (version, ref)
         for inst in self.instances:
             inst.pull, inst.version = (version, ref), version
             self.coordination.coord.P.inst_version[inst.index] = version
@@ -290,6 +291,8 @@ class RolloutFleet:
         if n > now:
             added = [self._add(submit) for _ in range(n - now)]
             return f"starting instance(s) {', '.join(str(i.index) for i in added)}"
+        if self.dispatch is not None:
+            self.dispatch.dirty = True  # skew-aware dispatch re-plans its lanes over the instances that will serve
         leaving = (starting[::-1] + serving[::-1])[:now - n]
         for inst in leaving:
             if inst.starting:
@@ -318,6 +321,8 @@ class RolloutFleet:
                      "not added")
             return
         inst.alive, inst.joined_t = True, time.monotonic()
+        if self.dispatch is not None:
+            self.dispatch.dirty = True
         inst.pull, inst.version = self.ps, self.ps[0]
         self.coordination.joined(inst)
         self.log(f"rollout instance {self.stage}-{inst.index} joined; loading weights version {self.ps[0]}; "
