@@ -6,6 +6,8 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rlflow.operators.cost_profile import CostProfile
 from rlflow.plan_read import PlanCoordination, rollout_stages, stage_coordination
 from rlflow.plan_read import load_profile as read_profile
@@ -112,6 +114,8 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         v_r = w["rollout_tokens_per_s"]
     else:
         prof = load_profile(profile, notes)
+        if rollout["max_running"] < prof.max_running:  # the stage's cap binds, as in the runtime's coordinator
+            prof = replace(prof, max_running=rollout["max_running"])
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,

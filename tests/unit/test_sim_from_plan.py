@@ -5,6 +5,7 @@ so every strategy name is checked as the compiler writes it, and the config is b
 fleet to check that the coordinator really runs the mapped strategies.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,16 @@ def test_vanilla_sync_modes_use_the_event_driven_fleet(mode, partial):
     fleet = Simulation(cfg).rollout
     assert type(fleet) is Fleet and (fleet.weight_sync, fleet.partial_rollout) == (mode, partial)
     assert any(DEFAULT_PROFILE in n for n in notes)  # no profile in the plan: the default, said out loud
-    assert cfg.profile == CostProfile.load(DEFAULT_PROFILE)
+    default = CostProfile.load(DEFAULT_PROFILE)
+    stage_cap = plan["pipeline"]["stages"]["rollout"]["max_running"]
+    assert cfg.profile == replace(default, max_running=min(default.max_running, stage_cap))
+
+
+@pytest.mark.parametrize("cap", [4, 100_000])
+def test_the_stage_max_running_caps_the_simulated_engine(cap):
+    """The runtime's engine runs at most the stage's max_running; the simulated one must too (it ran the profile's)."""
+    cfg, _ = sim_config(_plan(QUICKSTART, f"stages.rollout.max_running={cap}"), steps=4)
+    assert cfg.profile.max_running == min(cap, CostProfile.load(DEFAULT_PROFILE).max_running)
 
 
 def test_throughput_aware_without_other_coordination_still_runs_the_coordinator():
