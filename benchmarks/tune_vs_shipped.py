@@ -1,0 +1,189 @@
+"""Does `rlflow tune` earn its keep? Every shipped pipeline's own settings against the tuner's recommendation.
+
+python benchmarks/tune_vs_shipped.py                       # 64 GPUs at 30 steps, 1,024 GPUs at 20 steps; writes
+                                                           # benchmarks/results/tune_vs_shipped.md
+python benchmarks/tune_vs_shipped.py --workload staleflow  # StaleFlow's response lengths instead of the pipelines';
+                                                           # writes benchmarks/results/tune_vs_shipped_staleflow_lengths.md
+
+On StaleFlow's Table 4 profile (configs/profiles/staleflow-table4-qwen3-30b-a3b.json, 2 GPUs per rollout
+instance), at B = 128 groups x 16 (the README's 64-GPU `rlflow tune` example: `--set stages.buffer.batch_groups=128
+--set stages.rollout.group_size=16 --set stages.rollout.max_running=256`, applied to every rollout stage; a queue's
+capacity is scaled with the batch, keeping q), each pipeline keeps its own policy, staleness knob, coordination and
+(by default) workload block. "Shipped" is the pipeline's own setting at an even rollout/train split, the tuner's
+baseline; "tuned" is `choose(tune(...))`. Both come from the same `tune` call (same steps, means over the tuner's
+seeds 0 and 1); one more column re-simulates the two points with a seed the tuner did not use, so a win that is only
+seed noise shows up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import time
+from pathlib import Path
+
+from rlflow.compiler import compile_pipeline
+from rlflow.plan_read import rollout_stages
+from rlflow.sim import simulate
+from rlflow.sim.from_plan import sim_config
+from rlflow.tune import Candidate, choose, knob_name, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "tune_vs_shipped.md"
+PROFILE = str(ROOT / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
+PER_INSTANCE = 2
+STALEFLOW_LENGTHS = ["workload.mean_length=4096", "workload.tailness=60", "workload.length_cap=20480"]
+
+
+def scale_overrides(path: Path, batch: int = 128) -> list[str]:
+    """B = `batch` groups x 16, up to 256 running per instance, on every rollout stage of the pipeline; a queue's
+    capacity keeps its q = capacity / batch."""
+    plan = compile_pipeline(path)
+    stages = plan["pipeline"]["stages"]
+    sets = [f"stages.{name}.batch_groups={batch}" for name, s in stages.items() if s["kind"] == "buffer"]
+    control = plan["control"]["staleness"]
+    if control["capacity"] is not None:
+        edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if "capacity" in e["policy"])
+        sets.append(f"edges.{edge}.policy.capacity={control['capacity'] * batch // control['batch_size']}")
+    for name in rollout_stages(plan):
+        sets += [f"stages.{name}.group_size=16", f"stages.{name}.max_running=256"]
+    return sets
+
+
+# Measured here: too slow to simulate on this machine (one `tune` call).
+TOO_SLOW = {("streamrl", "staleflow"): (
+    "too slow to simulate here: one `tune` call at 64 GPUs ran 38 min (CPU) without finishing; 89% of it in the"
+    " coordinator cycle, which filters every waiting trajectory by lane and sorts them all (routing.mlq) every"
+    " 0.5 simulated s, and StaleFlow's lengths make a step minutes of simulated time")}
+
+
+def not_simulable(plan: dict, workload: str) -> str | None:
+    """Why the simulator cannot run this pipeline as shipped (None: it can)."""
+    if (plan["name"], workload) in TOO_SLOW:
+        return TOO_SLOW[plan["name"], workload]
+    stages = rollout_stages(plan)
+    if len(stages) > 1:
+        return (f"{len(stages)} rollout stages ({', '.join(stages)}): the simulator and the tuner run only the first, "
+                "so its split and throughput would leave out the others")
+    return None
+
+
+def resimulate(plan: dict, c: Candidate, *, steps: int, seed: int) -> float:
+    """Trained tokens/s of candidate `c` with another seed."""
+    p = copy.deepcopy(plan)
+    name = knob_name(p["control"]["staleness"]["kind"])
+    if name:
+        p["control"]["staleness"][name] = c.knob
+    config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.instances, profile=PROFILE,
+                           train_tokens_per_s=c.train_tokens_per_s, seed=seed)
+    return simulate(config).trained_tokens_per_s
+
+
+def point(c: Candidate, name: str | None) -> str:
+    return f"{c.rollout_gpus}/{c.train_gpus}" + (f", {name} {c.knob}" if name else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="simulated steps per candidate at 64 GPUs (default 30)")
+    parser.add_argument("--steps-1024", type=int, default=20, help="simulated steps per candidate at 1,024 GPUs and more (default 20)")
+    parser.add_argument("--gpus", default="64,1024", help="comma-separated GPU budgets (default 64,1024)")
+    parser.add_argument("--pipelines", default=None, help="comma-separated pipeline names (default: every pipelines/*.yaml)")
+    parser.add_argument("--check-seed", type=int, default=7,
+                        help="seed of the re-simulation (default 7; the tuner uses 0 and 1)")
+    parser.add_argument("--workload", choices=("pipeline", "staleflow"), default="pipeline",
+                        help="response lengths: each pipeline's workload block (default), or StaleFlow's "
+                             "(lognormal, mean 4096, tailness 60, cap 20480, as in benchmarks/sim_speed.py)")
+    parser.add_argument("--batch", type=int, default=128, help="groups per training step (default 128, x 16 each)")
+    args = parser.parse_args()
+    names = args.pipelines.split(",") if args.pipelines else sorted(p.stem for p in (ROOT / "pipelines").glob("*.yaml"))
+    budgets = [int(g) for g in args.gpus.split(",")]
+    rows, skipped, at_bound, started = [], [], [], time.perf_counter()
+    for name in names:
+        path = ROOT / "pipelines" / f"{name}.yaml"
+        plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
+        why = not_simulable(plan, args.workload)
+        if why:
+            skipped.append(f"| {name} | {why} |")
+            print(skipped[-1], flush=True)
+            continue
+        kind = plan["control"]["staleness"]["kind"]
+        knob = knob_name(kind)
+        for gpus in budgets:
+            steps = args.steps_1024 if gpus >= 1024 else args.steps
+            wall, cpu = time.perf_counter(), time.process_time()
+            candidates, _ = tune(plan, gpus=gpus, steps=steps, profile=PROFILE, per_instance=PER_INSTANCE,
+                                     progress=lambda *a: None)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            shipped = next(c for c in candidates if c.shipped)
+            best = choose(candidates)
+            s, b = shipped.result, best.result
+            if best is shipped:
+                check = "1.00 (same point)"
+            else:
+                ratio = (resimulate(plan, best, steps=steps, seed=args.check_seed)
+                         / resimulate(plan, shipped, steps=steps, seed=args.check_seed))
+                check = f"{ratio:.2f}"
+            ran = sum(1 for c in candidates if c.result)
+            same = [c.runs[0]["tokens_per_s"] for c in candidates if c.runs and c.knob == shipped.knob]
+            if shipped.result["tokens_per_s"] >= 0.999 * shipped.bound:
+                at_bound.append(f"{name} at {gpus:,} GPUs")
+            rows.append(
+                f"| {name} | {kind} | {gpus:,} | {steps} | {point(shipped, knob)} | {s['tokens_per_s']:,.0f} |"
+                f" {s['mean_staleness']:.2f} / {s['max_staleness']} | {point(best, knob)} | {b['tokens_per_s']:,.0f} |"
+                f" {b['mean_staleness']:.2f} / {b['max_staleness']} | {b['tokens_per_s'] / s['tokens_per_s']:.2f} |"
+                f" {check} | {max(same) / shipped.runs[0]['tokens_per_s']:.3f} ({len(same)}) | {ran} / {len(candidates)} | {wall:.0f} | {cpu:.0f} |")
+            print(rows[-1], flush=True)
+            write(args, rows, skipped, at_bound, time.perf_counter() - started)
+    write(args, rows, skipped, at_bound, time.perf_counter() - started, done=True)
+
+
+def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total: float, done: bool = False) -> None:
+    """The results file, rewritten after every row (a long run that is stopped keeps what it measured)."""
+    header = (
+        "# `rlflow tune` against every shipped pipeline's settings\n\n"
+        f"`python benchmarks/tune_vs_shipped.py --steps {args.steps} --steps-1024 {args.steps_1024} --gpus {args.gpus}"
+        f" --workload {args.workload}` on {platform.processor() or platform.machine()}, Python"
+        f" {platform.python_version()}, {total:.0f} s{' in all' if done else ' so far (unfinished)'} (2 CPU cores, shared with another job's tests: wall"
+        " times are inflated, CPU times less so).\n\n"
+        "StaleFlow's Table 4 profile (configs/profiles/staleflow-table4-qwen3-30b-a3b.json), 2 GPUs per rollout instance,"
+        f" B = {args.batch} groups x 16 on every pipeline (`--set stages.buffer.batch_groups={args.batch} --set"
+        " stages.<rollout>.group_size=16 --set stages.<rollout>.max_running=256`; streamrl's queue capacity 16 groups"
+        f" at B = 8 becomes {16 * args.batch // 8}, q = 2). "
+        + ("Response lengths: each pipeline's own workload block (8-48 tokens: the tiny model's budgets)."
+           if args.workload == "pipeline" else
+           "Response lengths: StaleFlow's (`--set workload.mean_length=4096 --set workload.tailness=60 --set"
+           " workload.length_cap=20480`: lognormal, capped at 20,480), as in benchmarks/sim_speed.py.")
+        + " Everything else is the pipeline's own (policy, eta / capacity, coordination). Trainer speed: the tuner's"
+        " assumption (balances an even split at full load; linear in GPUs). Steps: simulated training steps per"
+        f" candidate: {args.steps} at 64 GPUs, {args.steps_1024} at 1,024 GPUs (fewer, to keep the wall time down)."
+        " Shipped: the pipeline's own setting at an even split. Tuned: the tuner's recommendation (the fastest point"
+        " whose max staleness stays within the shipped one's; within 1% is a tie, won by lower mean staleness, then"
+        " by the shipped setting). Both: means over the tuner's seeds 0 and 1 (max staleness: the max)."
+        f" Ratio: tuned / shipped trained tokens/s; seed {args.check_seed}: the same two points re-simulated with"
+        f" seed {args.check_seed}, which the tuner did not use. Split: rollout GPUs / train GPUs. Best split: the fastest"
+        " simulated split at the shipped knob over the shipped (even) split, seed 0 (in brackets: splits simulated);"
+        " 1.01 or less: no split beats the even one by more than the 1% tie band. Tune wall /"
+        " CPU s: one `tune` call.\n\n"
+        "| pipeline | policy | GPUs | steps | shipped split, knob | shipped tokens/s | mean / max staleness |"
+        " tuned split, knob | tuned tokens/s | mean / max staleness | ratio |"
+        f" ratio, seed {args.check_seed} | best split | simulated / candidates | tune wall s | tune CPU s |\n"
+        "|---|---|---:|---:|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n"
+    )
+    text = header + "\n".join(rows) + "\n"
+    if at_bound:
+        text += ("\nAt the closed-form bound (the shipped point's trained tokens/s is within 0.1% of min(v_R at full load,"
+                 " v_T): nothing can beat it, the tuner stops after it): " + ", ".join(at_bound) + ".\n")
+    if skipped:
+        text += "\nNot simulated:\n\n| pipeline | why |\n|---|---|\n" + "\n".join(skipped) + "\n"
+    out = RESULTS.with_name("tune_vs_shipped" + ("_staleflow_lengths" if args.workload == "staleflow" else "")
+                            + (f"_b{args.batch}" if args.batch != 128 else "") + ".md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if done:
+        print(f"wrote {out} ({total:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
