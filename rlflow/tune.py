@@ -163,8 +163,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         for c in (shipped, *contenders):
             run(c, seed + extra)
     if seeds > 1:
-        progress(f"tune: confirmed the shipped setting and the {len(contenders)} fastest within its max staleness "
-                 f"with seeds {seed}..{seed + seeds - 1} (averaged)")
+        progress(f"tune: re-simulated the shipped setting and {len(contenders)} fastest point(s) within its max "
+                 f"staleness with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
     ran = [c for c in candidates if c.result]
     for c in ran:
         c.pareto = not any(_dominates(o, c) for o in ran)
