@@ -131,7 +131,8 @@ def test_weight_update_in_flight_switches_logprobs_to_the_new_weights(engines, n
     new_model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
     v0 = engine.version
 
-    in_flight = trajectories(engine.tokenizer, long_rows(3), group=f"fl-{name}")
+    # six, not three: on a warm-started model all three could end within the first step (it happened in CI)
+    in_flight = trajectories(engine.tokenizer, long_rows(6), group=f"fl-{name}")
     for traj in in_flight:
         engine.start(traj)
     engine.step()
