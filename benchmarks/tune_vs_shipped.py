@@ -96,10 +96,19 @@ def main() -> None:
                         help="response lengths: each pipeline's workload block (default), or StaleFlow's "
                              "(lognormal, mean 4096, tailness 60, cap 20480, as in benchmarks/sim_speed.py)")
     parser.add_argument("--batch", type=int, default=128, help="groups per training step (default 128, x 16 each)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows of a stopped run's results file and measure only the missing ones")
     args = parser.parse_args()
     names = args.pipelines.split(",") if args.pipelines else sorted(p.stem for p in (ROOT / "pipelines").glob("*.yaml"))
     budgets = [int(g) for g in args.gpus.split(",")]
     rows, skipped, at_bound, started = [], [], [], time.perf_counter()
+    if args.resume and output(args).is_file():
+        old = output(args).read_text().splitlines()
+        rows = [line for line in old if line.startswith("| ") and line.count("|") == 17 and not line.startswith("| pipeline")]
+        at_bound = [x for line in old if line.startswith("At the closed-form bound")
+                    for x in line.split("): ", 1)[1].rstrip(".").split(", ")]
+        args.resumed = len(rows)
+    measured = {(r.split("|")[1].strip(), int(r.split("|")[3].strip().replace(",", ""))) for r in rows}
     for name in names:
         path = ROOT / "pipelines" / f"{name}.yaml"
         plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
@@ -111,6 +120,8 @@ def main() -> None:
         kind = plan["control"]["staleness"]["kind"]
         knob = knob_name(kind)
         for gpus in budgets:
+            if (name, gpus) in measured:
+                continue
             steps = args.steps_1024 if gpus >= 1024 else args.steps
             wall, cpu = time.perf_counter(), time.process_time()
             candidates, _ = tune(plan, gpus=gpus, steps=steps, profile=PROFILE, per_instance=PER_INSTANCE,
@@ -139,13 +150,21 @@ def main() -> None:
     write(args, rows, skipped, at_bound, time.perf_counter() - started, done=True)
 
 
+def output(args) -> Path:
+    return RESULTS.with_name("tune_vs_shipped" + ("_staleflow_lengths" if args.workload == "staleflow" else "")
+                             + (f"_b{args.batch}" if args.batch != 128 else "") + ".md")
+
+
 def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total: float, done: bool = False) -> None:
     """The results file, rewritten after every row (a long run that is stopped keeps what it measured)."""
     header = (
         "# `rlflow tune` against every shipped pipeline's settings\n\n"
         f"`python benchmarks/tune_vs_shipped.py --steps {args.steps} --steps-1024 {args.steps_1024} --gpus {args.gpus}"
         f" --workload {args.workload}` on {platform.processor() or platform.machine()}, Python"
-        f" {platform.python_version()}, {total:.0f} s{' in all' if done else ' so far (unfinished)'} (2 CPU cores, shared with another job's tests: wall"
+        f" {platform.python_version()}, {total:.0f} s{' in all' if done else ' so far (unfinished)'}"
+        + (f" (resumed: {args.resumed} rows from a stopped run of the same command; its time not counted)"
+           if getattr(args, "resumed", 0) else "")
+        + " (2 CPU cores, shared with another job's tests: wall"
         " times are inflated, CPU times less so).\n\n"
         "StaleFlow's Table 4 profile (configs/profiles/staleflow-table4-qwen3-30b-a3b.json), 2 GPUs per rollout instance,"
         f" B = {args.batch} groups x 16 on every pipeline (`--set stages.buffer.batch_groups={args.batch} --set"
@@ -177,8 +196,7 @@ def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total:
                  " v_T): nothing can beat it, the tuner stops after it): " + ", ".join(at_bound) + ".\n")
     if skipped:
         text += "\nNot simulated:\n\n| pipeline | why |\n|---|---|\n" + "\n".join(skipped) + "\n"
-    out = RESULTS.with_name("tune_vs_shipped" + ("_staleflow_lengths" if args.workload == "staleflow" else "")
-                            + (f"_b{args.batch}" if args.batch != 128 else "") + ".md")
+    out = output(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     if done:
