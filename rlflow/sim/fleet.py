@@ -32,7 +32,6 @@ class Fleet:
 
     def __init__(self, sim, n: int, profile: CostProfile, prompt_tokens: int, weight_sync: str, partial_rollout: bool):
         self.sim = sim
-        self.units = n
         self.instances = [Instance(i, self, profile, prompt_tokens) for i in range(n)]
         self.weight_sync = weight_sync
         self.partial_rollout = partial_rollout
@@ -282,7 +281,6 @@ class CoordinatedFleet(Fleet):
         self.instances.append(inst)
         inst.pull(sim.weights)  # weights first: the pull's time is the join's cost
         self.pulls += 1
-        self.units = len(self.serving)  # serving now (idle ratios use unit_time)
         self.touch(inst)
 
     def _retire(self, inst: Instance) -> None:
@@ -292,7 +290,6 @@ class CoordinatedFleet(Fleet):
             self.ts.put(s)
             self.interrupts += 1
         inst.retired, inst.left_at = True, self.sim.now
-        self.units = len(self.serving)  # serving now (idle ratios use unit_time)
         inst.plan()  # nothing left to run: no more events of its own
 
     def stepped(self, train_s: float) -> None:

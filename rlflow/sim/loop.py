@@ -197,7 +197,6 @@ class Simulation:
             self._trained_samples += len(lengths)
             self._train_busy += duration
         self._training = True
-        self._last_train_s = duration
         self._train_steps.append((self.now, self.now + duration))
         self.schedule(self.now + duration, self._on_train_end, step)
 
@@ -226,7 +225,8 @@ class Simulation:
         if asked:
             self.rollout.resize(asked[-1], f"scale to {asked[-1]} after step {self._steps_done}")
         else:
-            self.rollout.stepped(self._last_train_s)
+            start, end = self._train_steps[-1]  # the step that just ended
+            self.rollout.stepped(end - start)
 
     # -- loop -------------------------------------------------------------------------------------
     def run(self) -> SimResult:
