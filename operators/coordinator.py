@@ -14,7 +14,7 @@ from functools import partial
 
 from .commands import Abort, Command, Interrupt, Pull, Route
 from .migration import MIGRATION, RepackMove
-from .routing import ROUTING, CostModel
+from .routing import MLQ, ROUTING, CostModel
 from .snapshot import InstanceSnapshot, Snapshot
 from .sync import SYNC
 
@@ -108,19 +108,23 @@ class Coordinator:
 
     def cycle(self, snapshot: Snapshot, verify: Callable[[int], bool],
               reserve: Callable[[object, int], None] | None = None,
-              lanes: list[tuple[Callable[[object], bool], frozenset]] | None = None) -> list[Command] | None:
+              lanes: list[tuple[Callable[[object], bool], frozenset]] | None = None,
+              owned: bool = False) -> list[Command] | None:
         """One pass of Algorithm 1; None if the snapshot is outdated (Eq. 1) and must be discarded.
 
         `lanes` (skew-aware dispatch): (which trajectories, instances they may use) pairs; routing runs
         once per lane, so long-tail trajectories only reach the long-tail instances (streamrl.txt §5.3).
+        `owned`: the caller lets the cycle update the snapshot in place instead of on a copy; it changes only the
+        instances it issues commands to (the simulator keeps every other instance's snapshot for the next cycle). A TS handed over as an `MLQ` keeps its queue order through the cycle (no sort per routing pass).
         """
         if self.validate and not self.P.accepts(snapshot):
             self.rejected += 1
             return None
         self.cycles += 1
-        S = [i.clone() for i in snapshot.instances]
+        S = snapshot.instances if owned else [i.clone() for i in snapshot.instances]
         by_idx: dict[int, InstanceSnapshot] = {i.idx: i for i in S}
-        ts = list(snapshot.ts_trajs)
+        ts = snapshot.ts_trajs if isinstance(snapshot.ts_trajs, MLQ) else list(snapshot.ts_trajs)
+        back: list = []  # trajectories this cycle returns to the TS (interrupted)
         ps = snapshot.ps_version
         k5 = self.cost.k5 if self.cost else 1.0
         cmds: list[Command] = []
@@ -137,7 +141,7 @@ class Coordinator:
             inst.discard(trajs, k5)
             inst.complete_trajs = 0
             inst.inst_version = ps
-            ts.extend(trajs)
+            back.extend(trajs)
         # lines 11-14: migration
         for move in self._migrate(S):
             if isinstance(move, RepackMove):
@@ -147,12 +151,14 @@ class Coordinator:
             if trajs:
                 cmds.append(self.issue(Interrupt(idx, tuple(trajs))))
                 by_idx[idx].discard(trajs, k5)
-                ts.extend(trajs)
+                back.extend(trajs)
+        ts = ts.merged(back) if isinstance(ts, MLQ) else ts + back
         # lines 16-17: routing
         all_idx = frozenset(by_idx)
-        for member, insts in lanes or [(lambda t: True, all_idx)]:
+        for member, insts in lanes or [(None, all_idx)]:
             hold = decision.hold | (all_idx - insts)
-            for route in self._route_fn(verify, reserve, hold)(S, [t for t in ts if member(t)]):
+            lane = ts if member is None else ts.only(member) if isinstance(ts, MLQ) else [t for t in ts if member(t)]
+            for route in self._route_fn(verify, reserve, hold)(S, lane):
                 cmds.append(self.issue(route))
         return cmds
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from .routing import CostModel, route_cost_model
+from .routing import MLQ, CostModel, route_cost_model
 
 _DEFAULT_MU = 0.3  # StaleFlow §6.1 (CoordinationConfig.mu's default)
 
@@ -56,13 +56,16 @@ def _routable_on(ts_trajs, verify: Callable[[int], bool]) -> Callable[[int], boo
     """Algorithm 4 lines 4-10 for every version at once: is some TS trajectory routable (Algorithm 2) to an
     instance on `version`? A partial one needs version >= V_traj, an initial one verify(version), so one pass
     over the TS (oldest V_traj, any initial) answers for every instance instead of one scan per instance."""
-    oldest, initial = None, False
-    for t in ts_trajs:
-        v = t.v_traj
-        if v is None:
-            initial = True
-        elif oldest is None or v < oldest:
-            oldest = v
+    if isinstance(ts_trajs, MLQ):  # already in queue order: the oldest V_traj is first, initial ones last
+        oldest, initial = ts_trajs.oldest(), ts_trajs.has_initial()
+    else:
+        oldest, initial = None, False
+        for t in ts_trajs:
+            v = t.v_traj
+            if v is None:
+                initial = True
+            elif oldest is None or v < oldest:
+                oldest = v
     cache: dict[int, bool] = {}
 
     def routable(version: int) -> bool:

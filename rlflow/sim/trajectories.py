@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from rlflow.operators.routing import MLQ
+
 
 class Group:
     """The S samples of one prompt; admitted with V_traj = `version`, occupied with the min member version."""
@@ -135,32 +137,49 @@ class TrajectoryServer:
 
 
 class CoordinatedTS:
-    """The coordinator's trajectory server: returned / unstarted samples by identity, plus initial groups."""
+    """The coordinator's trajectory server: returned / unstarted samples by identity, plus initial groups.
+
+    Waiting samples are kept as StaleFlow's multi-level queue (§5.1): one level per V_traj, arrival order within a
+    level, so handing routing the queue needs no sort (a sample's V_traj does not change while it waits here)."""
 
     def __init__(self):
-        self.waiting: dict[int, Sample] = {}  # samples of reserved groups not on an instance
+        self._levels: dict[int, dict[int, Sample]] = {}  # V_traj -> samples of reserved groups not on an instance
+        self._level_of: dict[int, int] = {}  # id(sample) -> its level
         self.initial: dict[int, Group] = {}  # groups not yet reserved (no V_traj), by gid
 
     def __len__(self) -> int:
-        return len(self.waiting) + sum(len(g.samples) for g in self.initial.values())
+        return len(self._level_of) + sum(len(g.samples) for g in self.initial.values())
 
-    def trajs(self) -> list[Sample]:
-        return list(self.waiting.values()) + [s for g in self.initial.values() for s in g.samples]
+    @property
+    def waiting(self) -> list[Sample]:
+        """Samples of reserved groups not on an instance, in queue order."""
+        return [s for v in sorted(self._levels) for s in self._levels[v].values()]
+
+    def trajs(self) -> MLQ:
+        """Every sample waiting, as the multi-level queue routing reads (partial ones by V_traj, initial last)."""
+        return MLQ(self.waiting, [s for g in self.initial.values() for s in g.samples])
 
     def reserved(self, group: Group) -> None:
         """The group's first member was routed: all its members now carry V_traj."""
         self.initial.pop(group.gid, None)
         for s in group.samples:
-            self.waiting[id(s)] = s
+            self.put(s)
 
     def put(self, sample: Sample) -> None:
-        self.waiting[id(sample)] = sample
+        if id(sample) not in self._level_of:
+            v = self._level_of[id(sample)] = sample.v_traj
+            self._levels.setdefault(v, {})[id(sample)] = sample
 
-    def take(self, sample: Sample) -> None:
-        self.waiting.pop(id(sample), None)
+    def take(self, sample: Sample) -> bool:
+        """Remove a waiting sample; whether it was here."""
+        v = self._level_of.pop(id(sample), None)
+        if v is None:
+            return False
+        level = self._levels[v]
+        del level[id(sample)]
+        if not level:
+            del self._levels[v]
+        return True
 
     def discard(self, group: Group) -> int:
-        n = 0
-        for s in group.samples:
-            n += self.waiting.pop(id(s), None) is not None
-        return n
+        return sum(self.take(s) for s in group.samples)

@@ -80,7 +80,7 @@ def _check_places(sim: Simulation) -> None:
         assert not (inst.retired and (inst.running or inst.waiting))
         for s in held:
             where[id(s)] = where.get(id(s), 0) + 1
-    for s in fleet.ts.waiting.values():
+    for s in fleet.ts.waiting:
         where[id(s)] = where.get(id(s), 0) + 1
     assert all(v == 1 for v in where.values()), "a sample in two places"
     for group in sim.groups.values():

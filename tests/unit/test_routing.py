@@ -175,3 +175,34 @@ def test_cost_model_routing_matches_algorithm_3_reference(insts, trajs, cost, mu
     assert got == reference_cost_model(held, ts, cost, verify, mu, reserve)
     assert reserved == ref_reserved
     assert state == final_state(snaps)  # the speculative snapshot is updated the same way
+
+
+# -- the TS handed over as a multi-level queue (MLQ): same order, same routes, no sort --------------------------------
+_trajs = st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 40)), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_trajs, st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.integers(0, 2)), min_size=1, max_size=5),
+       st.integers(0, 3), st.sampled_from([None, COST, CostModel(0.001, 1.0, 0.5, 1.0, 1.0, 1000.0, max_running=3)]))
+def test_an_mlq_routes_exactly_as_the_sorted_list(ts, insts, verify_from, cost):
+    """The simulator's TS hands routing an MLQ (no sort); every routing and lane filter must treat it as the sorted
+    list: same routes, in the same order, including instances left out up front for having no room."""
+    from rlflow.operators.routing import MLQ, mlq
+
+    items = [traj(f"t{j}", v, tokens) for j, (v, tokens) in enumerate(ts)]
+    queue = MLQ.of([t for t in items if t.v_traj is not None], [t for t in items if t.v_traj is None])
+    assert list(queue) == mlq(items) and queue.partial == sum(t.v_traj is not None for t in items)
+    back = [traj(f"b{j}", v % 4, 5.0) for j, (v, _) in enumerate(ts[:4]) if v is not None]
+    assert list(queue.merged(back)) == mlq(items + back)
+    odd = lambda t: int(t.tid[1:]) % 2 == 1
+    assert list(queue.only(odd)) == [t for t in mlq(items) if odd(t)]
+
+    def fleet():
+        return [inst(i, version, run=run, wait=wait) for i, (version, run, wait) in enumerate(insts)]
+
+    verify = lambda v: v >= verify_from
+    route = lambda i, q: routed(route_least_loaded(i, q, verify, cost=cost))
+    assert route(fleet(), queue) == route(fleet(), items)
+    if cost is not None:
+        assert (routed(route_cost_model(fleet(), queue, cost, verify))
+                == routed(route_cost_model(fleet(), items, cost, verify)))
