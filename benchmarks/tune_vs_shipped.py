@@ -18,16 +18,15 @@ seed noise shows up.
 from __future__ import annotations
 
 import argparse
-import copy
+import os
 import platform
+import resource
 import time
 from pathlib import Path
 
 from rlflow.compiler import compile_pipeline
 from rlflow.plan_read import rollout_stages
-from rlflow.sim import simulate
-from rlflow.sim.from_plan import sim_config
-from rlflow.tune import Candidate, choose, knob_name, tune
+from rlflow.tune import Candidate, choose, knob_name, simulate_point, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "tune_vs_shipped.md"
@@ -51,17 +50,8 @@ def scale_overrides(path: Path, batch: int = 128) -> list[str]:
     return sets
 
 
-# Measured here: too slow to simulate on this machine (one `tune` call).
-TOO_SLOW = {("streamrl", "staleflow"): (
-    "too slow to simulate here: one `tune` call at 64 GPUs ran 38 min (CPU) without finishing; 89% of it in the"
-    " coordinator cycle, which filters every waiting trajectory by lane and sorts them all (routing.mlq) every"
-    " 0.5 simulated s, and StaleFlow's lengths make a step minutes of simulated time")}
-
-
 def not_simulable(plan: dict, workload: str) -> str | None:
     """Why the simulator cannot run this pipeline as shipped (None: it can)."""
-    if (plan["name"], workload) in TOO_SLOW:
-        return TOO_SLOW[plan["name"], workload]
     stages = rollout_stages(plan)
     if len(stages) > 1:
         return (f"{len(stages)} rollout stages ({', '.join(stages)}): the simulator and the tuner run only the first, "
@@ -71,13 +61,14 @@ def not_simulable(plan: dict, workload: str) -> str | None:
 
 def resimulate(plan: dict, c: Candidate, *, steps: int, seed: int) -> float:
     """Trained tokens/s of candidate `c` with another seed."""
-    p = copy.deepcopy(plan)
-    name = knob_name(p["control"]["staleness"]["kind"])
-    if name:
-        p["control"]["staleness"][name] = c.knob
-    config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.instances, profile=PROFILE,
-                           train_tokens_per_s=c.train_tokens_per_s, seed=seed)
-    return simulate(config).trained_tokens_per_s
+    name = knob_name(plan["control"]["staleness"]["kind"])
+    return simulate_point(plan, name, c.knob, c.instances, PROFILE, c.train_tokens_per_s, steps, seed)["tokens_per_s"]
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the tuner's worker processes)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 def point(c: Candidate, name: str | None) -> str:
@@ -96,6 +87,8 @@ def main() -> None:
                         help="response lengths: each pipeline's workload block (default), or StaleFlow's "
                              "(lognormal, mean 4096, tailness 60, cap 20480, as in benchmarks/sim_speed.py)")
     parser.add_argument("--batch", type=int, default=128, help="groups per training step (default 128, x 16 each)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="simulations at once, as `rlflow tune --jobs` (default: the CPU count)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of a stopped run's results file and measure only the missing ones")
     args = parser.parse_args()
@@ -123,10 +116,10 @@ def main() -> None:
             if (name, gpus) in measured:
                 continue
             steps = args.steps_1024 if gpus >= 1024 else args.steps
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu = time.perf_counter(), _cpu()
             candidates, _ = tune(plan, gpus=gpus, steps=steps, profile=PROFILE, per_instance=PER_INSTANCE,
-                                     progress=lambda *a: None)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                                 jobs=args.jobs, progress=lambda *a: None)
+            wall, cpu = time.perf_counter() - wall, _cpu() - cpu
             shipped = next(c for c in candidates if c.shipped)
             best = choose(candidates)
             s, b = shipped.result, best.result
@@ -136,15 +129,15 @@ def main() -> None:
                 ratio = (resimulate(plan, best, steps=steps, seed=args.check_seed)
                          / resimulate(plan, shipped, steps=steps, seed=args.check_seed))
                 check = f"{ratio:.2f}"
-            ran = sum(1 for c in candidates if c.result)
-            same = [c.runs[0]["tokens_per_s"] for c in candidates if c.runs and c.knob == shipped.knob]
+            ran = sum(1 for c in candidates if c.screen)
+            same = [c.screen["tokens_per_s"] for c in candidates if c.screen and c.knob == shipped.knob]
             if shipped.result["tokens_per_s"] >= 0.999 * shipped.bound:
                 at_bound.append(f"{name} at {gpus:,} GPUs")
             rows.append(
                 f"| {name} | {kind} | {gpus:,} | {steps} | {point(shipped, knob)} | {s['tokens_per_s']:,.0f} |"
                 f" {s['mean_staleness']:.2f} / {s['max_staleness']} | {point(best, knob)} | {b['tokens_per_s']:,.0f} |"
                 f" {b['mean_staleness']:.2f} / {b['max_staleness']} | {b['tokens_per_s'] / s['tokens_per_s']:.2f} |"
-                f" {check} | {max(same) / shipped.runs[0]['tokens_per_s']:.3f} ({len(same)}) | {ran} / {len(candidates)} | {wall:.0f} | {cpu:.0f} |")
+                f" {check} | {max(same) / shipped.screen['tokens_per_s']:.3f} ({len(same)}) | {ran} / {len(candidates)} | {wall:.0f} | {cpu:.0f} |")
             print(rows[-1], flush=True)
             write(args, rows, skipped, at_bound, time.perf_counter() - started)
     write(args, rows, skipped, at_bound, time.perf_counter() - started, done=True)
@@ -164,7 +157,7 @@ def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total:
         f" {platform.python_version()}, {total:.0f} s{' in all' if done else ' so far (unfinished)'}"
         + (f" (resumed: {args.resumed} rows from a stopped run of the same command; its time not counted)"
            if getattr(args, "resumed", 0) else "")
-        + " (2 CPU cores, shared with another job's tests: wall"
+        + f" (2 CPU cores, `--jobs {args.jobs}`; other work ran beside it at times: wall"
         " times are inflated, CPU times less so).\n\n"
         "StaleFlow's Table 4 profile (configs/profiles/staleflow-table4-qwen3-30b-a3b.json), 2 GPUs per rollout instance,"
         f" B = {args.batch} groups x 16 on every pipeline (`--set stages.buffer.batch_groups={args.batch} --set"
@@ -176,18 +169,19 @@ def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total:
            " workload.length_cap=20480`: lognormal, capped at 20,480), as in benchmarks/sim_speed.py.")
         + " Everything else is the pipeline's own (policy, eta / capacity, coordination). Trainer speed: the tuner's"
         " assumption (balances an even split at full load; linear in GPUs). Steps: simulated training steps per"
-        f" candidate: {args.steps} at 64 GPUs, {args.steps_1024} at 1,024 GPUs (fewer, to keep the wall time down)."
+        f" confirmed candidate: {args.steps} at 64 GPUs, {args.steps_1024} at 1,024 GPUs (fewer, to keep the wall time"
+        " down); screening runs are a third as long."
         " Shipped: the pipeline's own setting at an even split. Tuned: the tuner's recommendation (the fastest point"
         " whose max staleness stays within the shipped one's; within 1% is a tie, won by lower mean staleness, then"
         " by the shipped setting). Both: means over the tuner's seeds 0 and 1 (max staleness: the max)."
         f" Ratio: tuned / shipped trained tokens/s; seed {args.check_seed}: the same two points re-simulated with"
         f" seed {args.check_seed}, which the tuner did not use. Split: rollout GPUs / train GPUs. Best split: the fastest"
-        " simulated split at the shipped knob over the shipped (even) split, seed 0 (in brackets: splits simulated);"
-        " 1.01 or less: no split beats the even one by more than the 1% tie band. Tune wall /"
-        " CPU s: one `tune` call.\n\n"
+        " screened split at the shipped knob over the shipped (even) split, screening runs (in brackets: splits"
+        " screened); 1.01 or less: no split beats the even one by more than the 1% tie band. Tune wall /"
+        " CPU s: one `tune` call (CPU: its process and its worker processes).\n\n"
         "| pipeline | policy | GPUs | steps | shipped split, knob | shipped tokens/s | mean / max staleness |"
         " tuned split, knob | tuned tokens/s | mean / max staleness | ratio |"
-        f" ratio, seed {args.check_seed} | best split | simulated / candidates | tune wall s | tune CPU s |\n"
+        f" ratio, seed {args.check_seed} | best split | screened / candidates | tune wall s | tune CPU s |\n"
         "|---|---|---:|---:|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n"
     )
     text = header + "\n".join(rows) + "\n"

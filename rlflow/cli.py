@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import traceback
@@ -65,7 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="recommend the rollout/train GPU split and staleness setting (closed form + simulator)")
     p.add_argument("pipeline", help="pipeline YAML")
     p.add_argument("--gpus", type=int, required=True, help="GPUs to split between rollout and training")
-    p.add_argument("--steps", type=int, default=30, help="training steps simulated per candidate (default 30)")
+    p.add_argument("--steps", type=int, default=30,
+                   help="training steps simulated per confirmed candidate (default 30)")
+    p.add_argument("--screen-steps", type=int, default=None,
+                   help="training steps of the screening runs that pick the candidates worth a full run (default: "
+                        "a third of --steps, at least 5)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="simulations run at once, one process each (default: the CPU count)")
     p.add_argument("--profile", default=None, help="cost-model profile JSON (default: the plan's, else StaleFlow Table 4)")
     p.add_argument("--gpus-per-instance", type=int, default=None, help="GPUs per rollout instance (default: the profile's)")
     p.add_argument("--train-tokens-per-gpu", type=float, default=None,
@@ -350,7 +357,8 @@ def _tune(args) -> int:
     plan = compile_pipeline(args.pipeline, args.overrides)
     try:
         candidates, notes = tune(plan, gpus=args.gpus, steps=args.steps, profile=args.profile,
-                                 per_instance=args.gpus_per_instance, train_tokens_per_gpu=args.train_tokens_per_gpu)
+                                 per_instance=args.gpus_per_instance, train_tokens_per_gpu=args.train_tokens_per_gpu,
+                                 screen_steps=args.screen_steps, jobs=args.jobs)
     except ValueError as e:
         raise PipelineInvalid(args.pipeline, [Problem(("--gpus",), str(e), "bad-tune", "see rlflow tune --help")]) from None
     for note in notes:

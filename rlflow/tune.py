@@ -8,7 +8,7 @@ policies; the batch size stays the plan's, since it changes what is learned, not
    rate, and the cost model's decode throughput with every instance running a full batch (StaleFlow App. B,
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
    setting at an even split is simulated first; then splits in decreasing bound, until the bound falls below the
-   best simulated throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
+   best simulated throughput of a point within the plan's own max staleness: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
    first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
@@ -16,11 +16,15 @@ policies; the batch size stays the plan's, since it changes what is learned, not
    mark the Pareto front (tokens/s against mean staleness), and recommend the fastest point whose max
    staleness stays within the plan's own setting's (within 1% counts as a tie: the plan's own setting, then
    the split nearest even, win it).
-3. Confirm with more seeds: one seed can make a point look several % faster than it is (streamrl.yaml at 64 GPUs,
-   queue-drop with skew-aware dispatch: its pick on seed 0 was 5% ahead of the shipped setting and 14% behind it
-   on seed 1). The plan's own setting and the CONTENDERS fastest points within its max staleness are simulated
-   again with `seeds - 1` more seeds; their results become averages over the seeds (max staleness: the max), and
-   only these confirmed points can be recommended.
+   Steps 1-2 run at a screening length (`screen_steps`, a third of `steps` by default): successive halving's
+   first rung. A short run ranks points well enough to pick the few worth a full one, at a fraction of the cost.
+3. Confirm at full length with more seeds: one seed can make a point look several % faster than it is
+   (streamrl.yaml at 64 GPUs, queue-drop with skew-aware dispatch: its pick on seed 0 was 5% ahead of the shipped
+   setting and 14% behind it on seed 1). The plan's own setting and the CONTENDERS fastest screened points within
+   its screened max staleness are simulated for `steps` with `seeds` seeds; their results are averages over the
+   seeds (max staleness: the max), and only these confirmed points can be recommended.
+
+Simulations of one round are independent: `jobs` > 1 runs them in that many processes.
 
 What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
 (default: the value that balances an even split, rho = 1 at R = N/2), linear scaling of training with GPUs.
@@ -49,7 +53,8 @@ class Candidate:
     train_tokens_per_s: float = 0.0  # the trainer speed simulated: train GPUs x tokens/s per GPU
     shipped: bool = False  # the plan's own knob at an even split (the baseline)
     result: dict = field(default_factory=dict)  # simulated: tokens_per_s, mean/max staleness, idle ratios
-    runs: list[dict] = field(default_factory=list)  # one result per seed; `result` aggregates them
+    runs: list[dict] = field(default_factory=list)  # one full-length result per seed; `result` aggregates them
+    screen: dict = field(default_factory=dict)  # the screening run (seed 0, screen_steps); {} if not screened
     pareto: bool = False
 
 
@@ -89,13 +94,13 @@ def gpus_per_instance(profile_path: str | None, given: int | None, notes: list[s
 
 
 def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, per_instance: int | None = None,
-         train_tokens_per_gpu: float | None = None, seed: int = 0, seeds: int = 2,
-         progress=print) -> tuple[list[Candidate], list[str]]:
-    """Every candidate (pruned ones without a result), and the notes on what was assumed. The search simulates
-    `seed`; the plan's own setting and the CONTENDERS fastest points are confirmed with `seeds - 1` more."""
-    from rlflow.sim import simulate
+         train_tokens_per_gpu: float | None = None, seed: int = 0, seeds: int = 2, screen_steps: int | None = None,
+         jobs: int = 1, progress=print) -> tuple[list[Candidate], list[str]]:
+    """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
+    `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
+    fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
     from rlflow.sim.config import LengthSpec
-    from rlflow.sim.from_plan import load_profile, plan_coordination, sim_config
+    from rlflow.sim.from_plan import load_profile, plan_coordination
     from rlflow.sim.lengths import expected_length
 
     notes: list[str] = []
@@ -125,50 +130,77 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
             candidates.append(Candidate(r, t, r // g, knob, v_r / v_t, min(v_r, v_t), v_t,
                                         shipped=(r, t) == even and knob == _own(control)))
     name = knob_name(control["kind"])
+    screen = min(steps, screen_steps or max(5, steps // 3))
 
-    def run(c: Candidate, s: int = seed):
-        p = copy.deepcopy(plan)
-        if name:
-            p["control"]["staleness"][name] = c.knob
-        config, _ = sim_config(p, steps=steps, mode="cost_model", instances=c.instances, profile=profile,
-                               train_tokens_per_s=c.train_tokens_per_s, seed=s)
-        r = simulate(config)
-        c.runs.append({"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
-                       "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio,
-                       "trainer_idle": r.trainer_idle_ratio})
-        c.result = _aggregate(c.runs)
+    def run(batch: list[tuple[Candidate, int, int]]) -> None:
+        """Simulate (candidate, steps, seed) points; a full-length run joins the candidate's runs."""
+        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s) for c, n, s in batch]
+        for (c, n, s), r in zip(batch, _simulate_all(args, jobs)):
+            if n == screen and s == seed:
+                c.screen = r
+            if n == steps:
+                c.runs.append(r)
+                c.result = _aggregate(c.runs)
 
     # Branch and bound: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
-    # optimistic bound (Eq. 11 with every instance decoding a full batch). Simulate the plan's own setting first,
-    # then splits in decreasing bound, and prune every split whose bound is below the best simulated so far.
+    # optimistic bound (Eq. 11 with every instance decoding a full batch). Screen the plan's own setting first,
+    # then splits in decreasing bound (in batches of at least `jobs` points), and prune every split whose bound is
+    # below the best screened so far among the points that could be recommended (max staleness within the plan's
+    # own setting's): a faster point over that limit prunes nothing, since it cannot be chosen.
     (shipped,) = [c for c in candidates if c.shipped]
-    run(shipped)
-    best, simulated = shipped.result["tokens_per_s"], 1
-    for split in sorted({(c.rollout_gpus, c.train_gpus, c.bound) for c in candidates}, key=lambda s: -s[2]):
-        if split[2] <= best:
-            break
-        for c in candidates:
-            if (c.rollout_gpus, c.train_gpus) == split[:2] and not c.result:
-                run(c)
-                simulated += 1
-                best = max(best, c.result["tokens_per_s"])
+    run([(shipped, screen, seed)])
+    limit = shipped.screen["max_staleness"]
+    best = shipped.screen["tokens_per_s"]
+    order = sorted({(c.rollout_gpus, c.train_gpus, c.bound) for c in candidates}, key=lambda s: -s[2])
+    while order and order[0][2] > best:
+        batch = []
+        while order and order[0][2] > best and (not batch or len(batch) < jobs):
+            split = order.pop(0)
+            batch += [c for c in candidates if (c.rollout_gpus, c.train_gpus) == split[:2] and not c.screen]
+        run([(c, screen, seed) for c in batch])
+        best = max([best] + [c.screen["tokens_per_s"] for c in batch if c.screen["max_staleness"] <= limit])
+    screened = [c for c in candidates if c.screen]
     progress(f"tune: {len(splits)} splits x {len(knob_values(control))} settings = {len(candidates)} candidates; "
-             f"simulated {simulated} ({steps} steps each), pruned the rest: their closed-form bound is below the best "
-             "simulated throughput")
-    # Confirm: the shipped setting and the fastest points within its max staleness, with more seeds.
-    limit = shipped.result["max_staleness"]
-    contenders = sorted((c for c in candidates if c.result and not c.shipped and c.result["max_staleness"] <= limit),
-                        key=lambda c: -c.result["tokens_per_s"])[:CONTENDERS]
-    for extra in range(1, seeds):
-        for c in (shipped, *contenders):
-            run(c, seed + extra)
-    if seeds > 1:
-        progress(f"tune: re-simulated the shipped setting and {len(contenders)} fastest point(s) within its max "
-                 f"staleness with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
-    ran = [c for c in candidates if c.result]
-    for c in ran:
-        c.pareto = not any(_dominates(o, c) for o in ran)
+             f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
+             "best screened throughput within the shipped max staleness")
+    # Confirm: the shipped setting and the fastest screened points within its max staleness, full length, more seeds.
+    contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
+                        key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
+    run([(c, steps, s) for s in range(seed, seed + seeds) for c in (shipped, *contenders)
+         if not (s == seed and steps == screen)])  # a screen as long as a full run is that run
+    progress(f"tune: simulated the shipped setting and {len(contenders)} fastest point(s) within its max staleness "
+             f"for {steps} steps with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
+    for c in screened:
+        c.pareto = not any(_dominates(o, c) for o in screened)
     return candidates, notes
+
+
+def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
+                    steps: int, seed: int) -> dict:
+    """One candidate simulated (a module-level function, so worker processes can run it)."""
+    from rlflow.sim import simulate
+    from rlflow.sim.from_plan import sim_config
+
+    p = copy.deepcopy(plan)
+    if name:
+        p["control"]["staleness"][name] = knob
+    config, _ = sim_config(p, steps=steps, mode="cost_model", instances=instances, profile=profile,
+                           train_tokens_per_s=train_tokens_per_s, seed=seed)
+    r = simulate(config)
+    return {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
+            "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio}
+
+
+def _simulate_all(args: list[tuple], jobs: int) -> list[dict]:
+    """`simulate_point` over `args`, in order; in `jobs` processes when there is more than one point."""
+    if jobs <= 1 or len(args) <= 1:
+        return [simulate_point(*a) for a in args]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: the caller may hold threads (a Ray driver, a test runner's), which fork does not copy safely
+    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(simulate_point, *zip(*args)))
 
 
 def _aggregate(runs: list[dict]) -> dict:
@@ -184,7 +216,8 @@ def _own(control: dict) -> int | None:
 
 
 def _dominates(a: Candidate, b: Candidate) -> bool:
-    ra, rb = a.result, b.result
+    """On the screening runs (every screened point has one, same length and seed)."""
+    ra, rb = a.screen, b.screen
     return (ra["tokens_per_s"] >= rb["tokens_per_s"] and ra["mean_staleness"] <= rb["mean_staleness"]
             and (ra["tokens_per_s"] > rb["tokens_per_s"] or ra["mean_staleness"] < rb["mean_staleness"]))
 
@@ -225,18 +258,20 @@ def rollout_name(plan: dict) -> str:
 
 
 def table(candidates: list[Candidate], knob: str | None) -> list[str]:
-    """The simulated candidates (pruned splits are summarised in one line)."""
+    """The screened candidates (pruned splits are summarised in one line): the full-length result where there is one
+    (averaged over its seeds), else the screening run's."""
     lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} | bound (closed form) | trained tokens/s | "
               "mean / max staleness | rollout idle | trainer idle | |"), "|---:|---:|---:|---:|---:|---|---:|---:|---|"]
-    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.result})
-    for c in sorted((c for c in candidates if c.result), key=lambda c: (c.rollout_gpus, c.knob if c.knob is not None else -1)):
+    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen})
+    for c in sorted((c for c in candidates if c.screen), key=lambda c: (c.rollout_gpus, c.knob if c.knob is not None else -1)):
         mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped),
-                                          (f"{len(c.runs)} seeds", len(c.runs) > 1)) if on)
-        r = c.result
+                                          (f"{len(c.runs)} seeds", len(c.runs) > 1), ("screened only", not c.runs)) if on)
+        r = c.result or c.screen
         lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | {c.bound:,.0f} | "
                      f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
                      f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
     if pruned:
-        lines.append("\npruned by the closed form (bound on trained tokens/s below the best simulated): rollout GPUs "
+        lines.append("\npruned by the closed form (bound on trained tokens/s below the best screened within the shipped max "
+                     "staleness): rollout GPUs "
                      + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
     return lines

@@ -33,20 +33,22 @@ def tuned():
 def test_only_splits_whose_closed_form_bound_cannot_win_are_pruned(tuned):
     _, candidates, notes = tuned
     ran = [c for c in candidates if c.result]
-    best = max(c.result["tokens_per_s"] for c in ran)
-    for c in candidates:
-        assert c.result or c.bound <= best, c  # a pruned split's optimistic bound is below what was reached
-        if c.result:  # and the bound is a bound: nothing simulated beats it
-            assert c.result["tokens_per_s"] <= c.bound * 1.001, c
-    assert ran
+    screened = [c for c in candidates if c.screen]
+    (shipped,) = [c for c in candidates if c.shipped]
+    best_screen = max(c.screen["tokens_per_s"] for c in screened
+                      if c.screen["max_staleness"] <= shipped.screen["max_staleness"])
+    for c in candidates:  # a pruned split's optimistic bound is below what a point that could be chosen reached
+        assert c.screen or c.bound <= best_screen, c
+        for r in [c.screen, *c.runs]:  # and the bound is a bound: nothing simulated beats it
+            assert not r or r["tokens_per_s"] <= c.bound * 1.001, c
+    assert ran and len(screened) > len(ran)  # only the few worth it ran full length
+    assert all(c.runs for c in ran) and all(len(c.runs) == 2 for c in ran)
     assert any("trainer speed per GPU assumed" in n for n in notes)  # what it assumed, it says
-    ran = [c for c in candidates if c.result]
-    assert all(c.result["max_staleness"] <= c.knob for c in ran)  # the simulator honours each bound
-    front = [c for c in ran if c.pareto]
-    for c in ran:  # nothing on the front is beaten on both axes
-        if c.pareto:
-            assert not any(o.result["tokens_per_s"] > c.result["tokens_per_s"]
-                           and o.result["mean_staleness"] < c.result["mean_staleness"] for o in ran)
+    assert all(r["max_staleness"] <= c.knob for c in screened for r in [c.screen, *c.runs])  # each bound is honoured
+    front = [c for c in screened if c.pareto]
+    for c in front:  # nothing on the front is beaten on both axes (screening runs: same length and seed)
+        assert not any(o.screen["tokens_per_s"] > c.screen["tokens_per_s"]
+                       and o.screen["mean_staleness"] < c.screen["mean_staleness"] for o in screened)
     assert front
 
 
@@ -100,9 +102,32 @@ def test_a_lead_seen_on_one_seed_only_is_not_recommended(monkeypatch):
     (lucky,) = [c for c in candidates if c.instances == 3 and c.knob == 2]
     best = choose(candidates)
     assert best is not lucky and best.shipped and best.result["tokens_per_s"] == 100.0
+    assert lucky.screen["tokens_per_s"] == 110.0  # the lucky screen earned it a confirmation...
     assert [r["tokens_per_s"] for r in lucky.runs] == [110.0, 80.0] and lucky.result["tokens_per_s"] == 95.0
-    single = [c for c in candidates if c.result and len(c.runs) == 1]
-    assert single and all(c is not best for c in single)  # unconfirmed points are not eligible
+    screened_only = [c for c in candidates if c.screen and not c.runs]
+    assert screened_only and all(c is not best for c in screened_only)  # unconfirmed points are not eligible
+
+
+def test_screening_is_short_and_only_contenders_run_full_length(monkeypatch):
+    """Screens are seed 0 at a third of the steps; the shipped point and CONTENDERS others run full length, 2 seeds."""
+    calls = []
+
+    def fake(config):
+        calls.append((config.instances, config.eta, config.steps, config.seed))
+        return SimpleNamespace(trained_tokens_per_s=10.0 * config.instances + config.eta, mean_staleness=1.0,
+                               max_staleness=min(config.eta, 2), rollout_idle_ratio=0.0, trainer_idle_ratio=0.0)
+
+    monkeypatch.setattr("rlflow.sim.simulate", fake)
+    plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
+    candidates, _ = tune(plan, gpus=16, steps=30, profile=TABLE4, per_instance=2, progress=lambda *a: None)
+    screens = [c for c in calls if c[2] == 10]
+    full = [c for c in calls if c[2] == 30]
+    assert screens and all(c[3] == 0 for c in screens) and len(screens) + len(full) == len(calls)
+    confirmed = [c for c in candidates if c.runs]
+    assert len(confirmed) == 4 and sum(c.shipped for c in confirmed) == 1  # shipped + CONTENDERS
+    assert sorted(full) == sorted((c.instances, c.knob, 30, s) for c in confirmed for s in (0, 1))
+    best = choose(candidates)
+    assert best.runs and best.result["max_staleness"] <= 2 and best.instances == 7  # fastest within eta 2
 
 
 @pytest.mark.parametrize("name", [pytest.param(p.stem, marks=pytest.mark.skipif(
