@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--screen-steps", type=int, default=None,
                    help="training steps of the screening runs that pick the candidates worth a full run (default: "
                         "a third of --steps, at least 5)")
+    p.add_argument("--batch-sizes", default=None, metavar="B1,B2,...",
+                   help="also search these batch sizes (groups per training step); default: the plan's only, since a "
+                        "batch changes how many updates each sample gets, which the simulator cannot judge")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="simulations run at once, one process each (default: the CPU count)")
     p.add_argument("--profile", default=None, help="cost-model profile JSON (default: the plan's, else StaleFlow Table 4)")
@@ -356,11 +359,17 @@ def _tune(args) -> int:
 
     plan = compile_pipeline(args.pipeline, args.overrides)
     try:
+        batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+    except ValueError:
+        raise PipelineInvalid(args.pipeline, [Problem(("--batch-sizes",), f"not comma-separated integers: "
+                                                      f"{args.batch_sizes!r}", "bad-tune", "e.g. --batch-sizes 64,128,256")]) from None
+    try:
         candidates, notes = tune(plan, gpus=args.gpus, steps=args.steps, profile=args.profile,
                                  per_instance=args.gpus_per_instance, train_tokens_per_gpu=args.train_tokens_per_gpu,
-                                 screen_steps=args.screen_steps, jobs=args.jobs)
+                                 screen_steps=args.screen_steps, jobs=args.jobs, batch_sizes=batches)
     except ValueError as e:
-        raise PipelineInvalid(args.pipeline, [Problem(("--gpus",), str(e), "bad-tune", "see rlflow tune --help")]) from None
+        where = "--batch-sizes" if str(e).startswith("--batch-sizes") else "--gpus"
+        raise PipelineInvalid(args.pipeline, [Problem((where,), str(e), "bad-tune", "see rlflow tune --help")]) from None
     for note in notes:
         print(f"note: {note}")
     print("\n".join(table(candidates, knob_name(plan["control"]["staleness"]["kind"]))))
@@ -371,6 +380,10 @@ def _tune(args) -> int:
           + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
           + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "
              f"max staleness within its {shipped.result['max_staleness']})" if shipped else ""))
+    if best.batch is not None:
+        print(f"note: the recommendation changes the batch from {plan['control']['staleness']['batch_size']} to "
+              f"{best.batch} groups per step: each sample gets a different share of the updates, which the simulator "
+              "does not judge; check learning before keeping it")
     sets = " ".join(f"--set {o}" for o in [*args.overrides, *overrides(plan, best)])
     print(f"rlflow compile {args.pipeline} {sets}")
     return EXIT_OK

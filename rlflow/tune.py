@@ -1,14 +1,15 @@
 """`rlflow tune`: choose the rollout/train GPU split and the staleness knob before paying for a run.
 
 The search space, for a budget of N GPUs: rollout GPUs R (in whole instances of `gpus_per_instance`), the
-rest training; and the plan's staleness knob (η for bound-style policies, the queue capacity for queue
-policies; the batch size stays the plan's, since it changes what is learned, not only how fast).
+rest training; the plan's staleness knob (η for bound-style policies, the queue capacity for queue policies);
+and, only when asked (`batch_sizes`), the batch size in groups. By default the batch stays the plan's: a batch
+changes how many updates each sample gets, which is about learning, and the simulator only judges speed.
 
 1. Prune with the closed form, by branch and bound: a two-stage pipeline runs at most at its slower stage's
    rate, and the cost model's decode throughput with every instance running a full batch (StaleFlow App. B,
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
    setting at an even split is simulated first; then splits in decreasing bound, until the bound falls below the
-   best simulated throughput of a point within the plan's own max staleness: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
+   shipped setting's simulated throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
    first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
@@ -52,6 +53,7 @@ class Candidate:
     bound: float = 0.0  # closed-form upper bound on trained tokens/s: min(v_R at full load, v_T)
     train_tokens_per_s: float = 0.0  # the trainer speed simulated: train GPUs x tokens/s per GPU
     shipped: bool = False  # the plan's own knob at an even split (the baseline)
+    batch: int | None = None  # groups per training step; None: the plan's
     result: dict = field(default_factory=dict)  # simulated: tokens_per_s, mean/max staleness, idle ratios
     runs: list[dict] = field(default_factory=list)  # one full-length result per seed; `result` aggregates them
     screen: dict = field(default_factory=dict)  # the screening run (seed 0, screen_steps); {} if not screened
@@ -71,13 +73,14 @@ def knob_name(kind: str) -> str | None:
     return None if kind in FIXED_KINDS else "capacity" if kind in QUEUE_KINDS else "eta"
 
 
-def knob_values(control: dict) -> list[int | None]:
-    """The plan's own setting and its neighbours worth simulating."""
+def knob_values(control: dict, batch: int | None = None) -> list[int | None]:
+    """The plan's own setting and its neighbours worth simulating (queue capacities: multiples of `batch`, by
+    default the plan's batch)."""
     name = knob_name(control["kind"])
     if name is None:
         return [None]
     if name == "capacity":
-        b = control["batch_size"]
+        b = batch or control["batch_size"]
         return sorted({control["capacity"], b, 2 * b, 4 * b})
     return sorted({control["eta"], 1, 2, 3, 4})
 
@@ -95,7 +98,7 @@ def gpus_per_instance(profile_path: str | None, given: int | None, notes: list[s
 
 def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, per_instance: int | None = None,
          train_tokens_per_gpu: float | None = None, seed: int = 0, seeds: int = 2, screen_steps: int | None = None,
-         jobs: int = 1, progress=print) -> tuple[list[Candidate], list[str]]:
+         jobs: int = 1, batch_sizes: list[int] | None = None, progress=print) -> tuple[list[Candidate], list[str]]:
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
@@ -112,10 +115,19 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     if gpus < 2 * g:
         raise ValueError(f"--gpus {gpus} cannot hold one rollout instance ({g} GPUs) and a trainer GPU")
     w = plan["pipeline"]["workload"]
-    n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
     lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
                          tailness=w["tailness"], cap=w["length_cap"] or rollout["max_new_tokens"])
-    per_inst = n / prof.step_latency(prof.k5 * n * expected_length(lengths) / 2, n)  # tokens/s, one full instance
+
+    def full_instance(batch: int) -> float:
+        """Decode tokens/s of one instance at full load (Eq. 11): at most a whole batch runs on it."""
+        n = min(prof.max_running, rollout["max_running"], batch * rollout["group_size"])
+        return n / prof.step_latency(prof.k5 * n * expected_length(lengths) / 2, n)
+
+    own_batch = control["batch_size"]
+    batches = sorted({own_batch, *(batch_sizes or [])})
+    if min(batches) < 1:
+        raise ValueError(f"--batch-sizes: a batch is at least 1 group, got {min(batches)}")
+    per_inst = full_instance(own_batch)
     if train_tokens_per_gpu is None:
         half = max(1, gpus // (2 * g))
         train_tokens_per_gpu = half * per_inst / max(1, gpus - half * g)
@@ -125,16 +137,18 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     candidates = []
     even = min(splits, key=lambda s: abs(s[0] - gpus / 2))
     for r, t in splits:
-        v_r, v_t = (r // g) * per_inst, t * train_tokens_per_gpu
-        for knob in knob_values(control):
-            candidates.append(Candidate(r, t, r // g, knob, v_r / v_t, min(v_r, v_t), v_t,
-                                        shipped=(r, t) == even and knob == _own(control)))
+        for b in batches:
+            v_r, v_t = (r // g) * full_instance(b), t * train_tokens_per_gpu
+            for knob in knob_values(control, b):
+                candidates.append(Candidate(r, t, r // g, knob, v_r / v_t, min(v_r, v_t), v_t,
+                                            shipped=(r, t) == even and knob == _own(control) and b == own_batch,
+                                            batch=None if b == own_batch else b))
     name = knob_name(control["kind"])
     screen = min(steps, screen_steps or max(5, steps // 3))
 
     def run(batch: list[tuple[Candidate, int, int]]) -> None:
         """Simulate (candidate, steps, seed) points; a full-length run joins the candidate's runs."""
-        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s) for c, n, s in batch]
+        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s, c.batch) for c, n, s in batch]
         for (c, n, s), r in zip(batch, _simulate_all(args, jobs)):
             if n == screen and s == seed:
                 c.screen = r
@@ -144,25 +158,25 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
 
     # Branch and bound: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
     # optimistic bound (Eq. 11 with every instance decoding a full batch). Screen the plan's own setting first,
-    # then splits in decreasing bound (in batches of at least `jobs` points), and prune every split whose bound is
-    # below the best screened so far among the points that could be recommended (max staleness within the plan's
-    # own setting's): a faster point over that limit prunes nothing, since it cannot be chosen.
+    # then every split whose bound is above the shipped setting's screened throughput (in batches of at least `jobs`
+    # points); the rest are pruned: they cannot beat the shipped setting, which is always eligible. (Pruning by the
+    # best screened point instead is unsound here: a point within the staleness limit on a short run may exceed it at
+    # full length, and then it will have pruned splits that could win.)
     (shipped,) = [c for c in candidates if c.shipped]
     run([(shipped, screen, seed)])
     limit = shipped.screen["max_staleness"]
     best = shipped.screen["tokens_per_s"]
-    order = sorted({(c.rollout_gpus, c.train_gpus, c.bound) for c in candidates}, key=lambda s: -s[2])
+    order = sorted({(c.rollout_gpus, c.batch, c.bound) for c in candidates}, key=lambda s: -s[2])
     while order and order[0][2] > best:
         batch = []
         while order and order[0][2] > best and (not batch or len(batch) < jobs):
-            split = order.pop(0)
-            batch += [c for c in candidates if (c.rollout_gpus, c.train_gpus) == split[:2] and not c.screen]
+            split = order.pop(0)  # one split at one batch size: the bound is theirs
+            batch += [c for c in candidates if (c.rollout_gpus, c.batch) == split[:2] and not c.screen]
         run([(c, screen, seed) for c in batch])
-        best = max([best] + [c.screen["tokens_per_s"] for c in batch if c.screen["max_staleness"] <= limit])
     screened = [c for c in candidates if c.screen]
-    progress(f"tune: {len(splits)} splits x {len(knob_values(control))} settings = {len(candidates)} candidates; "
+    progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
              f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
-             "best screened throughput within the shipped max staleness")
+             "shipped setting's screened throughput")
     # Confirm: the shipped setting and the fastest screened points within its max staleness, full length, more seeds.
     contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
                         key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
@@ -176,7 +190,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
 
 
 def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
-                    steps: int, seed: int) -> dict:
+                    steps: int, seed: int, batch: int | None = None) -> dict:
     """One candidate simulated (a module-level function, so worker processes can run it)."""
     from rlflow.sim import simulate
     from rlflow.sim.from_plan import sim_config
@@ -184,6 +198,8 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
     p = copy.deepcopy(plan)
     if name:
         p["control"]["staleness"][name] = knob
+    if batch is not None:
+        p["control"]["staleness"]["batch_size"] = batch
     config, _ = sim_config(p, steps=steps, mode="cost_model", instances=instances, profile=profile,
                            train_tokens_per_s=train_tokens_per_s, seed=seed)
     r = simulate(config)
@@ -247,6 +263,9 @@ def overrides(plan: dict, c: Candidate) -> list[str]:
         # the edge that carries the staleness knob (not e.g. a skew-aware dispatch edge out of the data source)
         edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if knob in e["policy"])
         out.append(f"edges.{edge}.policy.{knob}={c.knob}")
+    if c.batch is not None:
+        buffer = next(n for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "buffer")
+        out.append(f"stages.{buffer}.batch_groups={c.batch}")
     return out
 
 
@@ -260,18 +279,22 @@ def rollout_name(plan: dict) -> str:
 def table(candidates: list[Candidate], knob: str | None) -> list[str]:
     """The screened candidates (pruned splits are summarised in one line): the full-length result where there is one
     (averaged over its seeds), else the screening run's."""
-    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} | bound (closed form) | trained tokens/s | "
-              "mean / max staleness | rollout idle | trainer idle | |"), "|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    batches = any(c.batch is not None for c in candidates)  # a batch column only when batch sizes were searched
+    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} |{' batch (groups) |' if batches else ''} bound (closed "
+              "form) | trained tokens/s | mean / max staleness | rollout idle | trainer idle | |"),
+             "|---:|---:|---:|" + ("---:|" if batches else "") + "---:|---:|---|---:|---:|---|"]
     pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen})
-    for c in sorted((c for c in candidates if c.screen), key=lambda c: (c.rollout_gpus, c.knob if c.knob is not None else -1)):
+    for c in sorted((c for c in candidates if c.screen),
+                    key=lambda c: (c.rollout_gpus, c.batch or 0, c.knob if c.knob is not None else -1)):
         mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped),
                                           (f"{len(c.runs)} seeds", len(c.runs) > 1), ("screened only", not c.runs)) if on)
         r = c.result or c.screen
-        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | {c.bound:,.0f} | "
+        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | "
+                     + (f"{c.batch or 'plan'} | " if batches else "") + f"{c.bound:,.0f} | "
                      f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
                      f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
     if pruned:
-        lines.append("\npruned by the closed form (bound on trained tokens/s below the best screened within the shipped max "
-                     "staleness): rollout GPUs "
+        lines.append("\npruned by the closed form (bound on trained tokens/s below the shipped setting's screened "
+                     "throughput): rollout GPUs "
                      + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
     return lines

@@ -35,10 +35,9 @@ def test_only_splits_whose_closed_form_bound_cannot_win_are_pruned(tuned):
     ran = [c for c in candidates if c.result]
     screened = [c for c in candidates if c.screen]
     (shipped,) = [c for c in candidates if c.shipped]
-    best_screen = max(c.screen["tokens_per_s"] for c in screened
-                      if c.screen["max_staleness"] <= shipped.screen["max_staleness"])
-    for c in candidates:  # a pruned split's optimistic bound is below what a point that could be chosen reached
-        assert c.screen or c.bound <= best_screen, c
+    for c in candidates:  # a pruned split's optimistic bound is below what the shipped setting reached
+        assert c.screen or c.bound <= shipped.screen["tokens_per_s"], c
+        assert not c.screen or c.bound > shipped.screen["tokens_per_s"] or c.rollout_gpus == shipped.rollout_gpus, c
         for r in [c.screen, *c.runs]:  # and the bound is a bound: nothing simulated beats it
             assert not r or r["tokens_per_s"] <= c.bound * 1.001, c
     assert ran and len(screened) > len(ran)  # only the few worth it ran full length
@@ -145,3 +144,24 @@ def test_every_shipped_pipeline_tunes_to_at_least_its_shipped_setting(name):
     assert best.result["tokens_per_s"] >= 0.99 * shipped.result["tokens_per_s"]
     assert best.result["max_staleness"] <= shipped.result["max_staleness"]
     compile_pipeline(path, overrides(plan, best))
+
+
+def test_batch_sizes_are_searched_only_when_asked_and_the_choice_sets_the_buffer(capsys):
+    """--batch-sizes adds batch sizes to the grid; a chosen one comes back as the buffer's batch_groups, and compiles."""
+    plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
+    plain, _ = tune(plan, gpus=8, steps=6, profile=TABLE4, per_instance=2, progress=lambda *a: None)
+    assert all(c.batch is None for c in plain)
+    own = plan["control"]["staleness"]["batch_size"]
+    candidates, _ = tune(plan, gpus=8, steps=6, profile=TABLE4, per_instance=2, batch_sizes=[2 * own],
+                         progress=lambda *a: None)
+    assert {c.batch for c in candidates} == {None, 2 * own} and len(candidates) == 2 * len(plain)
+    (shipped,) = [c for c in candidates if c.shipped]
+    assert shipped.batch is None
+    doubled = next(c for c in candidates if c.batch == 2 * own)
+    sets = overrides(plan, doubled)
+    assert f"stages.buffer.batch_groups={2 * own}" in sets
+    assert compile_pipeline(REPO / "pipelines" / "bounded_async.yaml", sets)["control"]["staleness"]["batch_size"] == 2 * own
+    rc = main(["tune", str(REPO / "pipelines" / "bounded_async.yaml"), "--gpus", "8", "--steps", "6", "--profile",
+               TABLE4, "--gpus-per-instance", "2", "--batch-sizes", "2,x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--batch-sizes" in err and "Traceback" not in err
