@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlflow.compiler import compile_pipeline
 from rlflow.plan_read import rollout_stages
+from rlflow.sim.from_plan import not_simulable
 from rlflow.tune import Candidate, choose, knob_name, simulate_point, tune
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +49,6 @@ def scale_overrides(path: Path, batch: int = 128) -> list[str]:
     for name in rollout_stages(plan):
         sets += [f"stages.{name}.group_size=16", f"stages.{name}.max_running=256"]
     return sets
-
-
-def not_simulable(plan: dict, workload: str) -> str | None:
-    """Why the simulator cannot run this pipeline as shipped (None: it can)."""
-    stages = rollout_stages(plan)
-    if len(stages) > 1:
-        return (f"{len(stages)} rollout stages ({', '.join(stages)}): the simulator and the tuner run only the first, "
-                "so its split and throughput would leave out the others")
-    return None
 
 
 def resimulate(plan: dict, c: Candidate, *, steps: int, seed: int) -> float:
@@ -105,7 +97,7 @@ def main() -> None:
     for name in names:
         path = ROOT / "pipelines" / f"{name}.yaml"
         plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
-        why = not_simulable(plan, args.workload)
+        why = not_simulable(plan)
         if why:
             skipped.append(f"| {name} | {why} |")
             print(skipped[-1], flush=True)

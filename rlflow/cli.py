@@ -208,6 +208,16 @@ def _scale(args) -> int:
     return EXIT_UNAVAILABLE
 
 
+def _simulable(plan: dict) -> None:
+    """A plan the simulator cannot run as declared is refused (exit 2), not simulated in part."""
+    from rlflow.errors import Problem
+    from rlflow.sim.from_plan import ONE_STAGE_FIX, ONE_STAGE_RULE, not_simulable
+
+    why = not_simulable(plan)
+    if why:
+        raise PipelineInvalid(plan["source"], [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
+
+
 def _simulate(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan
     from rlflow.errors import Problem
@@ -218,6 +228,7 @@ def _simulate(args) -> int:
     plan = read_plan(args.plan or DEFAULT_PLAN)
     if args.overrides:
         plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
+    _simulable(plan)
     try:
         scale = [tuple(int(x) for x in item.split(":")) for item in args.scale if item.count(":") == 1
                  and all(x.strip().isdigit() for x in item.split(":"))]
@@ -358,6 +369,7 @@ def _tune(args) -> int:
     from rlflow.tune import choose, knob_name, overrides, table, tune
 
     plan = compile_pipeline(args.pipeline, args.overrides)
+    _simulable(plan)
     try:
         batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     except ValueError:

@@ -270,10 +270,10 @@ def overrides(plan: dict, c: Candidate) -> list[str]:
 
 
 def rollout_name(plan: dict) -> str:
-    """The first rollout stage: the one the simulator runs."""
-    from rlflow.plan_read import rollout_stages
+    """The plan's rollout stage (ValueError if it has several: the simulator models one)."""
+    from rlflow.sim.from_plan import plan_rollout
 
-    return rollout_stages(plan)[0]
+    return plan_rollout(plan)[0]
 
 
 def table(candidates: list[Candidate], knob: str | None) -> list[str]:

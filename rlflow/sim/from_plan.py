@@ -17,15 +17,34 @@ from rlflow.sim.lengths import expected_length
 DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
 
 
-def _rollout(plan: dict) -> tuple[str, dict]:
-    """The first rollout stage: the one the simulator runs."""
+ONE_STAGE_RULE = "sim-one-rollout-stage"
+ONE_STAGE_FIX = ("simulate or tune a pipeline with one rollout stage per task (e.g. quickstart.yaml for arith, "
+                 "learn_repeat.yaml for repeat); the simulator does not model several rollout fleets yet")
+
+
+def not_simulable(plan: dict) -> str | None:
+    """Why the simulator cannot run this plan as declared (None: it can). It models one rollout fleet: with several
+    rollout stages, simulating the first alone would leave the others' instances and lengths out, a silent
+    substitution, so `rlflow simulate` and `rlflow tune` refuse it (rule ONE_STAGE_RULE)."""
+    stages = rollout_stages(plan)
+    if len(stages) > 1:
+        return (f"the simulator models one rollout stage; this plan has {len(stages)} ({', '.join(stages)}), and "
+                "simulating the first alone would leave the others' instances and lengths out")
+    return None
+
+
+def plan_rollout(plan: dict) -> tuple[str, dict]:
+    """The plan's rollout stage: the one the simulator runs."""
+    why = not_simulable(plan)
+    if why:
+        raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
     name = rollout_stages(plan)[0]
     return name, plan["pipeline"]["stages"][name]
 
 
 def plan_coordination(plan: dict) -> PlanCoordination:
-    """The coordination of the plan's first rollout stage (the one the simulator runs)."""
-    return stage_coordination(plan, _rollout(plan)[0])
+    """The coordination of the plan's rollout stage (the one the simulator runs)."""
+    return stage_coordination(plan, plan_rollout(plan)[0])
 
 
 def load_profile(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
@@ -77,7 +96,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     """The simulation of `plan`, and notes on what was assumed. scale: ((after_step, instances), ...), what
     `rlflow scale` would ask of an elastic stage during the run."""
     notes: list[str] = []
-    _, rollout = _rollout(plan)
+    _, rollout = plan_rollout(plan)
     w = plan["pipeline"]["workload"]
     control = plan["control"]["staleness"]
     pc = plan_coordination(plan)

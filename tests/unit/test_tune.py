@@ -137,6 +137,10 @@ def test_every_shipped_pipeline_tunes_to_at_least_its_shipped_setting(name):
     rule) within the shipped max staleness, and compiles."""
     path = REPO / "pipelines" / f"{name}.yaml"
     plan = compile_pipeline(path)
+    if name == "mixed":  # two rollout stages: refused by name, not tuned on the first alone
+        with pytest.raises(ValueError, match="sim-one-rollout-stage"):
+            tune(plan, gpus=16, steps=10, profile=TABLE4, per_instance=2, progress=lambda *a: None)
+        return
     candidates, _ = tune(plan, gpus=16, steps=10, profile=TABLE4, per_instance=2, progress=lambda *a: None)
     (shipped,) = [c for c in candidates if c.shipped]
     best = choose(candidates)
@@ -165,3 +169,16 @@ def test_batch_sizes_are_searched_only_when_asked_and_the_choice_sets_the_buffer
                TABLE4, "--gpus-per-instance", "2", "--batch-sizes", "2,x"])
     err = capsys.readouterr().err
     assert rc == 2 and "--batch-sizes" in err and "Traceback" not in err
+
+
+def test_a_plan_with_two_rollout_stages_is_refused_not_simulated_in_part(capsys, tmp_path, monkeypatch):
+    """mixed.yaml has two rollout stages; the simulator models one, so tune and simulate exit 2 with the rule."""
+    rc = main(["tune", str(REPO / "pipelines" / "mixed.yaml"), "--gpus", "16", "--profile", TABLE4])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[sim-one-rollout-stage]" in err and "gen_arith, gen_repeat" in err and "Traceback" not in err
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", str(REPO / "pipelines" / "mixed.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "[sim-one-rollout-stage]" in err and "Traceback" not in err
