@@ -5,12 +5,11 @@ rest training; the plan's staleness knob (η for bound-style policies, the queue
 and, only when asked (`batch_sizes`), the batch size in groups. By default the batch stays the plan's: a batch
 changes how many updates each sample gets, which is about learning, and the simulator only judges speed.
 
-1. Prune with the closed form, by branch and bound: a two-stage pipeline runs at most at its slower stage's
+1. Prune with the closed form: a two-stage pipeline runs at most at its slower stage's
    rate, and the cost model's decode throughput with every instance running a full batch (StaleFlow App. B,
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
-   setting at an even split is simulated first; then splits in decreasing bound, until the bound falls below the
-   shipped setting's simulated throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried
-   first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
+   setting at an even split is simulated first (full length); then every point whose bound is above its
+   throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
    every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
@@ -25,7 +24,7 @@ changes how many updates each sample gets, which is about learning, and the simu
    its screened max staleness are simulated for `steps` with `seeds` seeds; their results are averages over the
    seeds (max staleness: the max), and only these confirmed points can be recommended.
 
-Simulations of one round are independent: `jobs` > 1 runs them in that many processes.
+The simulations of a step are independent: `jobs` > 1 runs them in that many worker processes.
 
 What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
 (default: the value that balances an even split, rho = 1 at R = N/2), linear scaling of training with GPUs.
@@ -149,41 +148,36 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     def run(batch: list[tuple[Candidate, int, int]]) -> None:
         """Simulate (candidate, steps, seed) points; a full-length run joins the candidate's runs."""
         args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s, c.batch) for c, n, s in batch]
-        for (c, n, s), r in zip(batch, _simulate_all(args, jobs)):
+        for (c, n, s), r in zip(batch, workers.map(args)):
             if n == screen and s == seed:
                 c.screen = r
             if n == steps:
                 c.runs.append(r)
                 c.result = _aggregate(c.runs)
 
-    # Branch and bound: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
-    # optimistic bound (Eq. 11 with every instance decoding a full batch). Screen the plan's own setting first,
-    # then every split whose bound is above the shipped setting's screened throughput (in batches of at least `jobs`
-    # points); the rest are pruned: they cannot beat the shipped setting, which is always eligible. (Pruning by the
-    # best screened point instead is unsound here: a point within the staleness limit on a short run may exceed it at
-    # full length, and then it will have pruned splits that could win.)
-    (shipped,) = [c for c in candidates if c.shipped]
-    run([(shipped, screen, seed)])
-    limit = shipped.screen["max_staleness"]
-    best = shipped.screen["tokens_per_s"]
-    order = sorted({(c.rollout_gpus, c.batch, c.bound) for c in candidates}, key=lambda s: -s[2])
-    while order and order[0][2] > best:
-        batch = []
-        while order and order[0][2] > best and (not batch or len(batch) < jobs):
-            split = order.pop(0)  # one split at one batch size: the bound is theirs
-            batch += [c for c in candidates if (c.rollout_gpus, c.batch) == split[:2] and not c.screen]
-        run([(c, screen, seed) for c in batch])
-    screened = [c for c in candidates if c.screen]
-    progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
-             f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
-             "shipped setting's screened throughput")
-    # Confirm: the shipped setting and the fastest screened points within its max staleness, full length, more seeds.
-    contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
-                        key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
-    run([(c, steps, s) for s in range(seed, seed + seeds) for c in (shipped, *contenders)
-         if not (s == seed and steps == screen)])  # a screen as long as a full run is that run
-    progress(f"tune: simulated the shipped setting and {len(contenders)} fastest point(s) within its max staleness "
-             f"for {steps} steps with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
+    # Bound pruning: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
+    # optimistic bound (Eq. 11 with every instance decoding a full batch). Simulate the plan's own setting first (a
+    # screen and a full-length run), then screen at once every point whose bound is above its full-length throughput;
+    # the rest are pruned: they cannot beat the shipped setting, which is always eligible. Not against the shipped
+    # screen: a short run can overstate a pipeline whose staleness is still climbing (laminar's unbounded policy), and
+    # would prune splits that beat it at full length. Not against the best point so far (branch and bound): a point
+    # within the staleness limit on a short run may exceed it at full length, and would have pruned splits that win.
+    with _Workers(jobs) as workers:
+        (shipped,) = [c for c in candidates if c.shipped]
+        run([(shipped, screen, seed)] + ([(shipped, steps, seed)] if steps != screen else []))
+        limit = shipped.screen["max_staleness"]
+        run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]])
+        screened = [c for c in candidates if c.screen]
+        progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
+                 f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
+                 "shipped setting's throughput")
+        # Confirm: the shipped setting and the fastest screened points within its max staleness, full length, more seeds.
+        contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
+                            key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
+        run([(c, steps, s) for s in range(seed, seed + seeds) for c in (shipped, *contenders)
+             if s != seed or (c is not shipped and steps != screen)])  # shipped's seed is in; a full-length screen counts
+        progress(f"tune: simulated the shipped setting and {len(contenders)} fastest point(s) within its max staleness "
+                 f"for {steps} steps with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
     for c in screened:
         c.pareto = not any(_dominates(o, c) for o in screened)
     return candidates, notes
@@ -207,16 +201,31 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
             "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio}
 
 
-def _simulate_all(args: list[tuple], jobs: int) -> list[dict]:
-    """`simulate_point` over `args`, in order; in `jobs` processes when there is more than one point."""
-    if jobs <= 1 or len(args) <= 1:
-        return [simulate_point(*a) for a in args]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+class _Workers:
+    """`simulate_point` over a list of points, in order: in this process, or in `jobs` worker processes started on
+    first use and kept for the whole search (starting one costs about a second of imports)."""
 
-    # spawn, not fork: the caller may hold threads (a Ray driver, a test runner's), which fork does not copy safely
-    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(simulate_point, *zip(*args)))
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.pool = None
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def map(self, args: list[tuple]) -> list[dict]:
+        if self.jobs <= 1 or len(args) <= 1:
+            return [simulate_point(*a) for a in args]
+        if self.pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn, not fork: the caller may hold threads (a Ray driver, a test runner's), which fork does not copy
+            self.pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return list(self.pool.map(simulate_point, *zip(*args)))
 
 
 def _aggregate(runs: list[dict]) -> dict:
@@ -294,7 +303,7 @@ def table(candidates: list[Candidate], knob: str | None) -> list[str]:
                      f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
                      f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
     if pruned:
-        lines.append("\npruned by the closed form (bound on trained tokens/s below the shipped setting's screened "
+        lines.append("\npruned by the closed form (bound on trained tokens/s below the shipped setting's "
                      "throughput): rollout GPUs "
                      + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
     return lines
