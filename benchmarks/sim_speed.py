@@ -15,15 +15,20 @@ from rlflow.sim import LengthSpec, SimConfig, TrainerModel, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_speed.md"
 
-VARIANTS = [  # (policy, eta, weight_sync, partial_rollout)
-    ("staleflow", 3, "per_instance", True),
-    ("staleflow", 3, "global", True),
-    ("staleflow", 3, "global", False),
-    ("synchronous", None, "global", True),
+VARIANTS = [  # (policy, eta, weight_sync, partial_rollout, coordination): coordination = the coordinator's cycle
+    ("staleflow", 3, "per_instance", True, {}),
+    ("staleflow", 3, "global", True, {}),
+    ("staleflow", 3, "global", False, {}),
+    ("synchronous", None, "global", True, {}),
+    # the coordinator's snapshot -> command cycle every 0.5 s, as the shipped pipelines declare it
+    ("staleflow", 3, "throughput_aware", True, {"routing": "cost_model", "migration": "threshold"}),  # staleflow.yaml
+    ("staleflow", 3, "per_instance", True, {"migration": "repack"}),  # laminar.yaml's coordination
+    ("staleflow", 3, "global", True, {"dispatch": "skew_aware"}),  # streamrl.yaml's coordination
 ]
 
 
-def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int, instances: int = 64) -> SimConfig:
+def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int, instances: int = 64,
+           coordination: dict | None = None) -> SimConfig:
     """StaleFlow §6.5-like workload on the Table 4 cost model (response cap 20k, lognormal lengths)."""
     return SimConfig(
         mode="cost_model",
@@ -41,6 +46,7 @@ def config(policy: str, eta: int | None, sync: str, partial: bool, steps: int, i
         steps=steps,
         warmup_steps=10,
         seed=0,
+        **(coordination or {}),
     )
 
 
@@ -51,14 +57,15 @@ def main() -> None:
                         help="cost-model instances (Table 4: 2 GPUs each; 512 = 1,024 GPUs)")
     args = parser.parse_args()
     rows = []
-    for policy, eta, sync, partial in VARIANTS:
-        cfg = config(policy, eta, sync, partial, args.steps, args.instances)
+    for policy, eta, sync, partial, coordination in VARIANTS:
+        cfg = config(policy, eta, sync, partial, args.steps, args.instances, coordination)
         wall, cpu = time.perf_counter(), time.process_time()
         r = simulate(cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        sync_name = sync if sync == "per_instance" else ("global (partial)" if partial else "global (barrier)")
+        sync_name = sync if sync != "global" else ("global (partial)" if partial else "global (barrier)")
+        coordinated = ", ".join(f"{k} {v}" for k, v in coordination.items()) or "-"
         rows.append(
-            f"| {policy} | {'-' if eta is None else eta} | {sync_name} | {wall:.2f} | {cpu:.2f} | {r.events:,} |"
+            f"| {policy} | {'-' if eta is None else eta} | {sync_name} | {coordinated} | {wall:.2f} | {cpu:.2f} | {r.events:,} |"
             f" {r.consumed * cfg.group_size:,} | {r.sim_time_s:,.0f} | {r.trained_tokens_per_s:,.0f} |"
             f" {r.mean_staleness:.2f} | {r.trainer_idle_ratio:.0%} | {r.rollout_idle_ratio:.0%} |"
         )
@@ -69,8 +76,12 @@ def main() -> None:
         f" {args.instances} cost-model instances = {2 * args.instances:,} GPUs"
         " (configs/profiles/staleflow-table4-qwen3-30b-a3b.json, 2 GPUs per instance), lognormal lengths"
         " (mean 4096, tailness 60, cap 20480), 256-token prompts, trainer 5 s + 1.5e-5 s/token.\n\n"
-        "| policy | eta | weight sync | wall s | CPU s | events | trajectories trained | virtual s | trained tokens/s |"
-        " mean staleness | trainer idle | rollout idle |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "Coordinator: '-' is the fleet's own least-loaded routing; otherwise the coordinator's snapshot -> command cycle"
+        " every 0.5 simulated s (StaleFlow Algorithm 1) with the strategies named, as the shipped pipelines declare"
+        " them (staleflow.yaml, laminar.yaml, streamrl.yaml).\n\n"
+        "| policy | eta | weight sync | coordinator | wall s | CPU s | events | trajectories trained | virtual s |"
+        " trained tokens/s | mean staleness | trainer idle | rollout idle |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out = RESULTS if args.instances == 64 else RESULTS.with_name(f"sim_speed_{2 * args.instances}gpus.md")
     out.parent.mkdir(parents=True, exist_ok=True)

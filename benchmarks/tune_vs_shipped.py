@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from rlflow.compiler import compile_pipeline
+from rlflow.errors import PipelineInvalid
 from rlflow.plan_read import rollout_stages
 from rlflow.sim.from_plan import not_simulable
 from rlflow.tune import Candidate, choose, knob_name, simulate_point, tune
@@ -96,7 +97,12 @@ def main() -> None:
     measured = {(r.split("|")[1].strip(), int(r.split("|")[3].strip().replace(",", ""))) for r in rows}
     for name in names:
         path = ROOT / "pipelines" / f"{name}.yaml"
-        plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
+        try:
+            plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
+        except PipelineInvalid as e:  # e.g. smollm2 without its extra installed
+            skipped.append(f"| {name} | does not compile here: {e.problems[0].message} |")
+            print(skipped[-1], flush=True)
+            continue
         why = not_simulable(plan)
         if why:
             skipped.append(f"| {name} | {why} |")
