@@ -9,7 +9,8 @@ changes how many updates each sample gets, which is about learning, and the simu
    rate, and the cost model's decode throughput with every instance running a full batch (StaleFlow App. B,
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
    setting at an even split is simulated first (full length); then every point whose bound is above its
-   throughput: the rest cannot beat it and are pruned. (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
+   throughput: the rest cannot beat it and are pruned. An eta over the shipped max staleness is screened at the
+   shipped split only (see _looser). (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
    every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
@@ -166,7 +167,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         (shipped,) = [c for c in candidates if c.shipped]
         run([(shipped, screen, seed)] + ([(shipped, steps, seed)] if steps != screen else []))
         limit = shipped.screen["max_staleness"]
-        run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]])
+        run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
+             and not _looser(c, shipped, name, limit)])
         screened = [c for c in candidates if c.screen]
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
                  f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
@@ -181,6 +183,13 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     for c in screened:
         c.pareto = not any(_dominates(o, c) for o in screened)
     return candidates, notes
+
+
+def _looser(c: Candidate, shipped: Candidate, name: str | None, limit: int) -> bool:
+    """An eta over the shipped setting's max staleness, off the shipped split: not worth a screen. Such a point is
+    either over the limit (the bound binds: not eligible) or within it (the bound never binds: it runs as a tighter eta
+    does, which is screened). At the shipped split it is screened anyway, for the Pareto table."""
+    return name == "eta" and c.knob > limit and c.rollout_gpus != shipped.rollout_gpus
 
 
 def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
@@ -292,7 +301,10 @@ def table(candidates: list[Candidate], knob: str | None) -> list[str]:
     lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} |{' batch (groups) |' if batches else ''} bound (closed "
               "form) | trained tokens/s | mean / max staleness | rollout idle | trainer idle | |"),
              "|---:|---:|---:|" + ("---:|" if batches else "") + "---:|---:|---|---:|---:|---|"]
-    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen})
+    shipped = next(c for c in candidates if c.shipped)
+    skipped = {id(c) for c in candidates if not c.screen and c.bound > shipped.runs[0]["tokens_per_s"]}  # not pruned
+    looser = sorted({c.knob for c in candidates if id(c) in skipped})
+    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen and id(c) not in skipped})
     for c in sorted((c for c in candidates if c.screen),
                     key=lambda c: (c.rollout_gpus, c.batch or 0, c.knob if c.knob is not None else -1)):
         mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped),
@@ -306,4 +318,8 @@ def table(candidates: list[Candidate], knob: str | None) -> list[str]:
         lines.append("\npruned by the closed form (bound on trained tokens/s below the shipped setting's "
                      "throughput): rollout GPUs "
                      + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
+    if looser:
+        lines.append(f"\nnot screened off the shipped split: eta {', '.join(map(str, looser))}, over the shipped "
+                     "setting's max staleness (eligible only where that bound never binds, and then no faster than "
+                     "a tighter eta)")
     return lines

@@ -36,10 +36,14 @@ def test_only_splits_whose_closed_form_bound_cannot_win_are_pruned(tuned):
     screened = [c for c in candidates if c.screen]
     (shipped,) = [c for c in candidates if c.shipped]
     reached = shipped.runs[0]["tokens_per_s"]  # full length, seed 0
-    for c in candidates:  # a pruned split's optimistic bound is below what the shipped setting reached, and only that
-        assert bool(c.screen) == (c.shipped or c.bound > reached), c
+    limit = shipped.screen["max_staleness"]
+    looser = [c for c in candidates if c.knob > limit and c.rollout_gpus != shipped.rollout_gpus]
+    for c in candidates:  # a pruned split's optimistic bound is below what the shipped setting reached, and only that;
+        # an eta over the shipped max staleness is screened at the shipped split only (the Pareto table's)
+        assert bool(c.screen) == (c.shipped or (c.bound > reached and all(c is not o for o in looser))), c
         for r in [c.screen, *c.runs]:  # and the bound is a bound: nothing simulated beats it
             assert not r or r["tokens_per_s"] <= c.bound * 1.001, c
+    assert looser and any(c.screen and c.knob > limit for c in candidates)
     assert ran and len(screened) > len(ran)  # only the few worth it ran full length
     assert all(c.runs for c in ran) and all(len(c.runs) == 2 for c in ran)
     assert any("trainer speed per GPU assumed" in n for n in notes)  # what it assumed, it says
