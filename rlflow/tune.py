@@ -168,7 +168,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         run([(shipped, screen, seed)] + ([(shipped, steps, seed)] if steps != screen else []))
         limit = shipped.screen["max_staleness"]
         run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
-             and not _looser(c, shipped, name, limit)])
+             and not _looser(c, shipped, name)])
         screened = [c for c in candidates if c.screen]
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
                  f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
@@ -185,11 +185,13 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     return candidates, notes
 
 
-def _looser(c: Candidate, shipped: Candidate, name: str | None, limit: int) -> bool:
-    """An eta over the shipped setting's max staleness, off the shipped split: not worth a screen. Such a point is
-    either over the limit (the bound binds: not eligible) or within it (the bound never binds: it runs as a tighter eta
-    does, which is screened). At the shipped split it is screened anyway, for the Pareto table."""
-    return name == "eta" and c.knob > limit and c.rollout_gpus != shipped.rollout_gpus
+def _looser(c: Candidate, shipped: Candidate, name: str | None) -> bool:
+    """An eta above both the shipped eta and the shipped setting's max staleness (full length), off the shipped split:
+    not worth a screen. Such a point is either over that staleness (the bound binds: it cannot be recommended) or
+    within it (the bound never binds: it runs as a tighter eta does, which is screened). At the shipped split it is
+    screened anyway, for the Pareto table."""
+    return (name == "eta" and c.knob > max(shipped.knob, shipped.runs[0]["max_staleness"])
+            and c.rollout_gpus != shipped.rollout_gpus)
 
 
 def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
@@ -302,7 +304,7 @@ def table(candidates: list[Candidate], knob: str | None) -> list[str]:
               "form) | trained tokens/s | mean / max staleness | rollout idle | trainer idle | |"),
              "|---:|---:|---:|" + ("---:|" if batches else "") + "---:|---:|---|---:|---:|---|"]
     shipped = next(c for c in candidates if c.shipped)
-    skipped = {id(c) for c in candidates if not c.screen and c.bound > shipped.runs[0]["tokens_per_s"]}  # not pruned
+    skipped = {id(c) for c in candidates if not c.screen and _looser(c, shipped, knob)}  # not pruned: not screened
     looser = sorted({c.knob for c in candidates if id(c) in skipped})
     pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen and id(c) not in skipped})
     for c in sorted((c for c in candidates if c.screen),
