@@ -219,13 +219,15 @@ class _GainTable:
 
 
 def route_cost_model(instances, ts_trajs, cost: CostModel, verify: Verify, *, mu: float = 0.3,
-                     reserve: Reserve | None = None, hold: frozenset = frozenset()) -> list[Route]:
+                     reserve: Reserve | None = None, hold: frozenset = frozenset(),
+                     until: int | None = None) -> list[Route]:
     """StaleFlow routing (Algorithm 3): MLQ by V_traj, version groups ascending, waterfall threshold mu * ideal gain.
 
     Stops at the first trajectory with no candidate or no gain above the threshold (lines 12-14, 38-40).
     Unlike line 31 a gain must also be positive, so even at mu = 0 a trajectory that would wait (gamma = 0,
     §5.3 Eq. 3) is never routed. Each version group's gains live in a _GainTable built on first use, so a
-    route costs at most one pass of arithmetic over each group it tries.
+    route costs at most one pass of arithmetic over each group it tries. `until`: stop after the first route to that
+    instance (a caller that only asks whether it would get one: the throughput-aware sync's tentative pass).
     """
     adm = _Admission(verify, reserve)
     groups = _by_version(instances, hold)
@@ -250,6 +252,8 @@ def route_cost_model(instances, ts_trajs, cost: CostModel, verify: Verify, *, mu
         place(selected, traj, cost)
         tables[selected.inst_version].refresh(selected)
         routes.setdefault(selected.idx, []).append(traj)
+        if selected.idx == until:
+            break
     return _emit(routes)
 
 

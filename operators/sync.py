@@ -142,7 +142,8 @@ def sync_throughput_aware(instances, ts_trajs, ps_version: int, *, verify: Calla
         # Only the version changes (Algorithm 4 line 16): the instance keeps its run/wait trajectories and
         # KV in the tentative snapshot, so a busy instance shows a small gain and keeps draining on its
         # old weights; it is pulled once its load is low enough for new work to clear the threshold.
-        if any(r.inst == cand.idx for r in router(temp, ts_trajs)):
+        route = partial(router, until=cand.idx) if getattr(router, "func", None) is route_cost_model else router
+        if any(r.inst == cand.idx for r in route(temp, ts_trajs)):
             pull.append(cand.idx)
     return SyncDecision(pull)
 
