@@ -115,7 +115,8 @@ class Coordinator:
         `lanes` (skew-aware dispatch): (which trajectories, instances they may use) pairs; routing runs
         once per lane, so long-tail trajectories only reach the long-tail instances (streamrl.txt §5.3).
         `owned`: the caller lets the cycle update the snapshot in place instead of on a copy; it changes only the
-        instances it issues commands to (the simulator keeps every other instance's snapshot for the next cycle). A TS handed over as an `MLQ` keeps its queue order through the cycle (no sort per routing pass).
+        instances it issues commands to (the simulator keeps every other instance's snapshot for the next cycle).
+        A TS handed over as an `MLQ` keeps its queue order through the cycle (no sort per routing pass).
         """
         if self.validate and not self.P.accepts(snapshot):
             self.rejected += 1

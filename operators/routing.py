@@ -43,13 +43,13 @@ class CostModel:
             return 0.0
         return n_run / (self.k1 * kv_cache + max(self.k2, self.k3 * n_run) + self.k4)
 
+    def room(self, inst) -> bool:
+        """gamma_i of Eq. 3 less the KV test: nothing waiting and under the engine cap (true for any length)."""
+        return not inst.wait_trajs and (self.max_running is None or len(inst.run_trajs) < self.max_running)
+
     def fits(self, inst, tokens: float) -> bool:
         """gamma_i of Eq. 3: the trajectory runs at once (fits M, nothing waiting, under the engine cap)."""
-        if inst.wait_trajs:
-            return False
-        if self.max_running is not None and len(inst.run_trajs) >= self.max_running:
-            return False
-        return inst.kv_cache + self.k5 * tokens <= self.kv_budget
+        return self.room(inst) and inst.kv_cache + self.k5 * tokens <= self.kv_budget
 
     def marginal_gain(self, inst, tokens: float) -> float:
         """Eq. 3: Delta T_i of routing a trajectory of `tokens` to `inst` (0 if it would wait)."""
@@ -194,8 +194,7 @@ class _GainTable:
         """(kv_cache, room, |run| + 1, max(k2, k3 * (|run| + 1)), T_i(S)): everything Eq. 3 needs but l."""
         c = self.cost
         n = len(inst.run_trajs)
-        room = not inst.wait_trajs and (c.max_running is None or n < c.max_running)  # gamma_i less the KV test
-        return inst.kv_cache, room, n + 1, max(c.k2, c.k3 * (n + 1)), c.throughput(inst.kv_cache, n)
+        return inst.kv_cache, c.room(inst), n + 1, max(c.k2, c.k3 * (n + 1)), c.throughput(inst.kv_cache, n)
 
     def _gains(self, rows: list, tokens: float) -> list[float]:
         """Eq. 3 for each row: Eq. 2 after minus before, 0 where gamma_i = 0 (as CostModel.marginal_gain)."""
@@ -267,8 +266,7 @@ def route_least_loaded(instances, ts_trajs, verify: Verify, *, cost: CostModel |
     adm = _Admission(verify, reserve)
     # An instance with something waiting or at max_running fits nothing this cycle: it is left out from the start
     # (the loop below would drop it when it came up), so with no room anywhere no trajectory is read at all.
-    full = set() if cost is None else {i.idx for i in instances if i.wait_trajs or (
-        cost.max_running is not None and len(i.run_trajs) >= cost.max_running)}
+    full = set() if cost is None else {i.idx for i in instances if not cost.room(i)}
     groups = _by_version(instances, hold | full)
     heaps = {v: [(len(i.run_trajs) + len(i.wait_trajs), i.idx, i) for i in insts] for v, insts in groups.items()}
     for heap in heaps.values():

@@ -10,7 +10,8 @@ changes how many updates each sample gets, which is about learning, and the simu
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
    setting at an even split is simulated first (full length); then every point whose bound is above its
    throughput: the rest cannot beat it and are pruned. An eta over the shipped max staleness is screened at the
-   shipped split only (see _looser). (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long tails the full-load v_R is 20x what instances reach, so the band dropped or
+   shipped split only (see _looser). (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long
+   tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
    every staleness setting, a fixed seed. Report trained tokens/s, mean and max staleness and idle ratios,
