@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation between order statistics."""
-    xs = sorted(values)
+def percentile(values: Sequence[float], q: float, presorted: bool = False) -> float:
+    """The q-th percentile (0..100), linear interpolation between order statistics (`presorted`: values ascend)."""
+    xs = values if presorted else sorted(values)
     if not xs:
         raise ValueError("percentile of an empty distribution")
     pos = (len(xs) - 1) * q / 100
@@ -33,7 +33,16 @@ class DispatchPlan:
     long_tail: list  # prompts marked long-tail, longest first
     regular: list  # the rest, longest first
     latency: float  # estimated generation time of the chosen split
-    assignment: dict[int, list]  # instance index -> prompts in LPT order (longest predicted first)
+
+    @property
+    def assignment(self) -> dict[int, list]:
+        """Instance index -> prompts in LPT order (longest predicted first): each partition spread evenly, longest
+        first round robin. Computed on demand: a caller that routes from the two ranked lists needs no per-instance
+        lists (the simulator re-plans at every top-up)."""
+        out = {i: [] for i in range(self.n_long + self.n_regular)}
+        _spread(self.long_tail, list(range(self.n_long)), out)
+        _spread(self.regular, list(range(self.n_long, self.n_long + self.n_regular)), out)
+        return out
 
 
 def skew_aware_dispatch(prompts: Sequence, predicted: Sequence[float], n_instances: int, recent_lengths: Sequence[float],
@@ -52,7 +61,8 @@ def skew_aware_dispatch(prompts: Sequence, predicted: Sequence[float], n_instanc
     ranked = [prompts[j] for j in order]
     k = int(alpha * len(ranked)) if n_instances > 1 else 0
     long_tail, regular = ranked[:k], ranked[k:]
-    l_long, l_reg = percentile(recent_lengths, 90), percentile(recent_lengths, 50)
+    recent = sorted(recent_lengths)  # once for both percentiles
+    l_long, l_reg = percentile(recent, 90, presorted=True), percentile(recent, 50, presorted=True)
     cap = max_batch if callable(max_batch) else (lambda _l: max_batch)
     best = None
     lo = 1 if long_tail else 0
@@ -65,10 +75,7 @@ def skew_aware_dispatch(prompts: Sequence, predicted: Sequence[float], n_instanc
         if best is None or t < best[0]:
             best = (t, n_l)
     latency, n_l = best
-    assignment = {i: [] for i in range(n_instances)}
-    _spread(long_tail, list(range(n_l)), assignment)
-    _spread(regular, list(range(n_l, n_instances)), assignment)
-    return DispatchPlan(n_l, n_instances - n_l, long_tail, regular, latency, assignment)
+    return DispatchPlan(n_l, n_instances - n_l, long_tail, regular, latency)
 
 
 def _spread(ranked: list, insts: list[int], assignment: dict[int, list]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain, islice
 
 from .commands import Route
 
@@ -66,6 +67,8 @@ class CostModel:
 def place(inst, traj, cost: CostModel | None) -> None:
     """update_snapshot (Algorithm 3 line 36): the trajectory joins run_trajs if it fits, else wait_trajs."""
     k5 = cost.k5 if cost else 1.0
+    if getattr(inst, "shared", False):  # a shallow copy's lists are another snapshot's
+        inst.run_trajs, inst.wait_trajs, inst.shared = list(inst.run_trajs), list(inst.wait_trajs), False
     if cost is None or cost.fits(inst, traj.tokens):
         inst.run_trajs.append(traj)
         inst.kv_cache += k5 * traj.tokens
@@ -79,10 +82,13 @@ class MLQ(list):
     levels over this way spares routing a sort of every waiting trajectory per cycle (at 512 instances the sort was
     a third of the simulator's time). `partial` is the number of partial trajectories at the front."""
 
-    def __init__(self, partial: Iterable = (), initial: Iterable = ()):
+    def __init__(self, partial: Iterable = (), initial: Iterable = (), parts: dict | None = None):
         super().__init__(partial)
         self.partial = len(self)
         self.extend(initial)
+        # member -> the partial trajectories it keeps, in queue order: a TS that queues each lane apart (skew-aware
+        # dispatch) hands its lanes over here, and `only` passes over none of the other lane's partial trajectories
+        self.parts: dict[Callable, list] = parts or {}
 
     @classmethod
     def of(cls, partial: Iterable, initial: Iterable) -> MLQ:
@@ -101,22 +107,29 @@ class MLQ(list):
         trajs = list(trajs)
         if not trajs:
             return self
-        return MLQ.of(self[:self.partial] + trajs, self[self.partial:])
+        # a stable sort of the filtered concatenation is the filtered stable sort: each part stays this MLQ's filter
+        parts = {member: sorted(part + [t for t in trajs if member(t)], key=_v_traj)
+                 for member, part in self.parts.items()}
+        return MLQ(sorted(self[:self.partial] + trajs, key=_v_traj), self[self.partial:], parts)
 
     def only(self, member: Callable[[object], bool]) -> MLQView:
         """The members `member` keeps, still in queue order; filtered as they are read (routing reads a prefix)."""
-        return MLQView(self, member)
+        return MLQView(self, member, self.parts.get(member))
 
 
 class MLQView:
     """An MLQ's members that `member` keeps, in queue order, tested lazily: routing stops at the first trajectory
-    it cannot place, so a lane of skew-aware dispatch (streamrl.txt §5.3) never tests the rest of a long TS."""
+    it cannot place, so a lane of skew-aware dispatch (streamrl.txt §5.3) never tests the rest of a long TS.
+    `partial`: the partial members already picked out (the MLQ's part for `member`); then only initial ones are
+    tested."""
 
-    def __init__(self, queue: MLQ, member: Callable[[object], bool]):
-        self.queue, self.member = queue, member
+    def __init__(self, queue: MLQ, member: Callable[[object], bool], partial: list | None = None):
+        self.queue, self.member, self.partial = queue, member, partial
 
     def __iter__(self):
-        return filter(self.member, self.queue)
+        if self.partial is None:
+            return filter(self.member, self.queue)
+        return chain(self.partial, filter(self.member, islice(self.queue, self.queue.partial, None)))
 
 
 def _v_traj(t) -> int:

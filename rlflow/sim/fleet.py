@@ -19,8 +19,8 @@ import random
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.operators.elastic import ElasticMonitor, ElasticRule
 from rlflow.operators.dispatch import percentile, skew_aware_dispatch
+from rlflow.operators.elastic import ElasticMonitor, ElasticRule
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
 from rlflow.sim.engine import Instance
@@ -155,7 +155,13 @@ class CoordinatedFleet(Fleet):
             rule = ElasticRule(cfg.elastic_min, cfg.elastic_max, cfg.elastic_window)
             self.monitor = ElasticMonitor(rule, cfg.batch_samples)
         self._long: set[int] = set()  # ids of samples dispatched as long-tail
+        long = self._long
+        self._lane_members = (lambda t: id(t) in long, lambda t: id(t) not in long)  # long-tail lane, regular lane
+        if cfg.dispatch == "skew_aware":
+            self.ts.partition(self._lane_members)
         self._n_long = 0
+        self._cutoff: float | None = None  # the last dispatch plan's shortest long-tail prediction; None: plan anew
+        self._unplanned = 0  # prompts arrived since the last plan
         self._recent: list[int] = []  # recent completed lengths (dispatch's distribution D)
         self._rng = random.Random(cfg.seed)
         self._snaps: dict[int, InstanceSnapshot] = {}  # the last snapshot of each instance, reused while unchanged
@@ -214,15 +220,40 @@ class CoordinatedFleet(Fleet):
         while len(self.ts.initial) < sim.cfg.batch_groups:
             gid = next(sim._gids)
             group = sim.new_group(gid, None)
-            self.ts.initial[gid] = group
+            self.ts.add_initial(group)
             new.extend(group.samples)
         if new and self.cfg.dispatch == "skew_aware":
-            self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
+            self._predict(new)
+            self._unplanned += len(new)
+            if self._cutoff is None or self._unplanned >= sim.cfg.batch_samples:
+                self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
+            else:
+                self._mark(new)
+
+    def _predict(self, samples: list) -> None:
+        """The length ranker's prediction, once per prompt as it arrives (a ranker answers a prompt the same way each
+        time it is asked): the true length, or for the noisy ranker the true length times a lognormal error."""
+        noise = self.cfg.ranker_noise if self.cfg.ranker == "noisy" else 0.0
+        for s in samples:
+            s.predicted = s.length * self._rng.lognormvariate(0, noise) if noise else s.length
+
+    def _mark(self, samples: list) -> None:
+        """Prompts that arrived between plans: long-tail if predicted at least as long as the last plan's shortest
+        long-tail prompt (so about the plan's fraction of them is), each group's members in LPT order."""
+        self._long.update(id(s) for s in samples if s.predicted >= self._cutoff)
+        for group in {id(s.group): s.group for s in samples}.values():
+            group.samples.sort(key=_minus_predicted)
 
     def _dispatch(self, samples: list) -> None:
-        """StreamRL Algorithm 2 over the new prompts: mark the long tail and size its instance share."""
-        noise = self.cfg.ranker_noise if self.cfg.ranker == "noisy" else 0.0
-        predicted = [s.length * self._rng.lognormvariate(0, noise) if noise else s.length for s in samples]
+        """StreamRL Algorithm 2 over the prompts waiting: mark the long tail and size its instance share.
+
+        Algorithm 2 plans a batch of prompts (streamrl.txt §5.3). The simulator's TS keeps one batch of unreserved
+        prompts and tops it up as groups are reserved, a few at a time; it plans the whole pool again once a batch's
+        worth of prompts arrived since the last plan (and on the first top-up, and after a resize), and marks the
+        prompts in between by the last plan's cutoff (_mark). Planning the pool at every top-up cost O(pool) each time,
+        a quarter of a 1,024-GPU run."""
+        self._unplanned = 0
+        predicted = [s.predicted for s in samples]
         recent = self._recent[-4096:] or [s.length for s in samples]
         p = self.instances[0].p
         kv_per_sample = p.k5 * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50))  # once, not per call
@@ -233,15 +264,17 @@ class CoordinatedFleet(Fleet):
         self._n_long = plan.n_long
         self._long.difference_update(id(s) for s in samples)
         self._long.update(id(s) for s in plan.long_tail)
+        self._cutoff = plan.long_tail[-1].predicted if plan.long_tail else float("inf")
         order = {id(s): j for j, s in enumerate(plan.long_tail + plan.regular)}  # LPT: longest predicted first
         for group in self.ts.initial.values():
             group.samples.sort(key=lambda s: order.get(id(s), -1))
+        self.ts.reordered()
 
     def _lanes(self):
         idx = [inst.idx for inst in self.serving]
         long_insts, rest = frozenset(idx[:self._n_long]), frozenset(idx[self._n_long:])
-        long = self._long
-        return [(lambda t: id(t) in long, long_insts), (lambda t: id(t) not in long, rest)]
+        in_long, in_rest = self._lane_members
+        return [(in_long, long_insts), (in_rest, rest)]
 
     def _reserve(self, gid: int, version: int) -> None:
         sim = self.sim
@@ -288,6 +321,7 @@ class CoordinatedFleet(Fleet):
         for inst in serving[::-1][:max(0, have - n - cancel)]:
             self._retire(inst)
         sim.scale_events.append((sim.now, sim._steps_done, len(self.serving) + self.starting, why))
+        self._cutoff = None  # the next top-up sizes the long-tail share for the new instance count
         if self.monitor is not None:
             self.monitor.restart()
 
@@ -302,6 +336,7 @@ class CoordinatedFleet(Fleet):
         inst.pull(sim.weights)  # weights first: the pull's time is the join's cost
         self.pulls += 1
         self.touch(inst)
+        self._cutoff = None
 
     def _retire(self, inst: Instance) -> None:
         inst.advance(self.sim.now)
@@ -337,3 +372,7 @@ class CoordinatedFleet(Fleet):
                 self.coord.note_abort(inst.idx, [sample])
                 self.touch(inst)
             self._long.discard(id(sample))
+
+
+def _minus_predicted(sample) -> float:
+    return -sample.predicted

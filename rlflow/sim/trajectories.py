@@ -7,6 +7,7 @@ the engine for its environment and comes back as a continuation, so `finish` is 
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 
 from rlflow.operators.routing import MLQ
 
@@ -36,6 +37,7 @@ class Sample:
         "index",
         "join",
         "length",
+        "predicted",
         "prompt",
         "turn",
         "turns",
@@ -86,6 +88,7 @@ class Sample:
         self.where = None  # the slot or instance generating it (an instance also between turns); None while unrouted or done
         self.turn = 0  # turns generated so far (0-based index of the current turn)
         self.turns = turns
+        self.predicted = float(length)  # the length ranker's prediction (skew-aware dispatch); set by the fleet
 
 
 class TrajectoryServer:
@@ -145,7 +148,18 @@ class CoordinatedTS:
     def __init__(self):
         self._levels: dict[int, dict[int, Sample]] = {}  # V_traj -> samples of reserved groups not on an instance
         self._level_of: dict[int, int] = {}  # id(sample) -> its level
-        self.initial: dict[int, Group] = {}  # groups not yet reserved (no V_traj), by gid
+        self.initial: dict[int, Group] = {}  # groups not yet reserved (no V_traj), by gid; add with add_initial
+        self._queue: MLQ | None = None  # trajs() as last built; None once anything here changed
+        self._lanes: dict = {}  # member -> its own levels (V_traj -> samples), see partition
+
+    def partition(self, members) -> None:
+        """Queue the samples each of `members` keeps apart as well (skew-aware dispatch's lanes), so routing a lane
+        does not pass over the other lane's samples; trajs() hands them over as its `parts`. A member must not change
+        its answer for a sample while the sample waits here (dispatch marks only unreserved prompts)."""
+        self._lanes = {m: {} for m in members}
+        for s in self.waiting:
+            self._put_lanes(s, self._level_of[id(s)])
+        self._queue = None
 
     def __len__(self) -> int:
         return len(self._level_of) + sum(len(g.samples) for g in self.initial.values())
@@ -153,15 +167,31 @@ class CoordinatedTS:
     @property
     def waiting(self) -> list[Sample]:
         """Samples of reserved groups not on an instance, in queue order."""
-        return [s for v in sorted(self._levels) for s in self._levels[v].values()]
+        return _flat(self._levels)
 
     def trajs(self) -> MLQ:
-        """Every sample waiting, as the multi-level queue routing reads (partial ones by V_traj, initial last)."""
-        return MLQ(self.waiting, [s for g in self.initial.values() for s in g.samples])
+        """Every sample waiting, as the multi-level queue routing reads (partial ones by V_traj, initial last).
+
+        Built again only after a change: in most coordinator cycles nothing arrived or left (streamrl.yaml at 64 GPUs:
+        two cycles in three), and the queue can hold 10^4 samples. Routing and sync only read it."""
+        if self._queue is None:
+            initial = [s for g in self.initial.values() for s in g.samples]
+            parts = {m: _flat(levels) for m, levels in self._lanes.items()}
+            self._queue = MLQ(self.waiting, initial, parts)
+        return self._queue
+
+    def add_initial(self, group: Group) -> None:
+        self.initial[group.gid] = group
+        self._queue = None
+
+    def reordered(self) -> None:
+        """The initial groups' members were put in a new order (skew-aware dispatch's LPT order)."""
+        self._queue = None
 
     def reserved(self, group: Group) -> None:
         """The group's first member was routed: all its members now carry V_traj."""
         self.initial.pop(group.gid, None)
+        self._queue = None
         for s in group.samples:
             self.put(s)
 
@@ -169,17 +199,30 @@ class CoordinatedTS:
         if id(sample) not in self._level_of:
             v = self._level_of[id(sample)] = sample.v_traj
             self._levels.setdefault(v, {})[id(sample)] = sample
+            self._put_lanes(sample, v)
+            self._queue = None
+
+    def _put_lanes(self, sample: Sample, v: int) -> None:
+        for member, levels in self._lanes.items():
+            if member(sample):
+                levels.setdefault(v, {})[id(sample)] = sample
 
     def take(self, sample: Sample) -> bool:
         """Remove a waiting sample; whether it was here."""
         v = self._level_of.pop(id(sample), None)
         if v is None:
             return False
-        level = self._levels[v]
-        del level[id(sample)]
-        if not level:
-            del self._levels[v]
+        self._queue = None
+        for levels in (self._levels, *self._lanes.values()):
+            level = levels.get(v)
+            if level is not None and level.pop(id(sample), None) is not None and not level:
+                del levels[v]
         return True
 
     def discard(self, group: Group) -> int:
         return sum(self.take(s) for s in group.samples)
+
+
+def _flat(levels: dict[int, dict[int, Sample]]) -> list[Sample]:
+    """A multi-level queue's samples in queue order: ascending level, arrival order within one."""
+    return list(chain.from_iterable(levels[v].values() for v in sorted(levels)))

@@ -1,5 +1,7 @@
 """The simulator's coordinated fleet: every strategy combination runs, keeps eta, and every snapshot validates."""
 
+import dataclasses
+
 import pytest
 
 from rlflow.operators.cost_profile import CostProfile
@@ -51,3 +53,36 @@ def test_throughput_aware_sync_interrupts_less_than_greedy_when_instances_are_bu
         runs[sync] = sim.rollout
     assert runs["throughput_aware"].interrupts < runs["greedy"].interrupts
     assert runs["throughput_aware"].pulls <= runs["greedy"].pulls
+
+
+def test_skew_aware_dispatch_predicts_each_prompt_once_and_the_ts_keeps_its_lanes_apart():
+    """The length ranker answers a prompt once (its error is not redrawn at each top-up); a plan marks about
+    alpha of the prompts long-tail, the prompts between plans by its cutoff; and the TS's per-lane queues are, at
+    every cycle, exactly the lane filter of its whole queue (what routing would have read)."""
+    profile = dataclasses.replace(CostProfile.load("staleflow-table4-qwen3-30b-a3b"), max_running=4)  # work waits
+    sim = Simulation(_cfg(coordinator=True, weight_sync="global", dispatch="skew_aware", ranker="noisy",
+                          long_tail_fraction=0.25, instances=4, steps=6, profile=profile))
+    fleet, seen, checked = sim.rollout, {}, []
+    top_up, cycle = fleet._top_up, fleet.coord.cycle
+
+    def watched_top_up():
+        top_up()
+        for g in fleet.ts.initial.values():
+            for s in g.samples:
+                assert seen.setdefault(id(s), (s, s.predicted))[1] == s.predicted
+                assert s.predicted != s.length  # the noisy ranker errs
+
+    def watched_cycle(snapshot, verify, reserve=None, lanes=None, **kw):
+        queue = snapshot.ts_trajs
+        for member, _ in lanes or []:
+            assert list(queue.only(member)) == [t for t in queue if member(t)]
+            assert member in queue.parts
+        checked.append(queue.partial)
+        return cycle(snapshot, verify, reserve, lanes, **kw)
+
+    fleet._top_up, fleet.coord.cycle = watched_top_up, watched_cycle
+    r = sim.run()
+    assert r.consumed == 6 * 8 and fleet.coord.rejected == 0 and max(checked) > 0  # partial ones waited
+    predictions = sorted(p for _, p in seen.values())
+    cutoff = fleet._cutoff
+    assert cutoff is not None and 0.05 < sum(p >= cutoff for p in predictions) / len(predictions) < 0.6

@@ -196,6 +196,14 @@ def test_an_mlq_routes_exactly_as_the_sorted_list(ts, insts, verify_from, cost):
     assert list(queue.merged(back)) == mlq(items + back)
     odd = lambda t: int(t.tid[1:]) % 2 == 1
     assert list(queue.only(odd)) == [t for t in mlq(items) if odd(t)]
+    # a TS that queues a lane apart hands its partial members over as a part: same lane, the merge keeps it one
+    even = lambda t: not odd(t)
+    parted = MLQ(list(queue)[:queue.partial], list(queue)[queue.partial:],
+                 {odd: [t for t in list(queue)[:queue.partial] if odd(t)]})
+    assert list(parted.only(odd)) == list(queue.only(odd)) and list(parted.only(even)) == list(queue.only(even))
+    merged = parted.merged(back)
+    assert list(merged) == mlq(items + back)
+    assert list(merged.only(odd)) == [t for t in mlq(items + back) if odd(t)]
 
     def fleet():
         return [inst(i, version, run=run, wait=wait) for i, (version, run, wait) in enumerate(insts)]
@@ -206,3 +214,14 @@ def test_an_mlq_routes_exactly_as_the_sorted_list(ts, insts, verify_from, cost):
     if cost is not None:
         assert (routed(route_cost_model(fleet(), queue, cost, verify))
                 == routed(route_cost_model(fleet(), items, cost, verify)))
+
+
+def test_a_shallow_snapshot_copies_its_lists_before_routing_changes_them():
+    """The throughput-aware sync's tentative pass routes on shallow copies: the snapshot it copied must not change."""
+    base = inst(0, run=2, wait=0, kv=10.0)
+    run_before = list(base.run_trajs)
+    copy = base.shallow()
+    assert copy.run_trajs is base.run_trajs  # shared until changed
+    place(copy, traj("new", 0, 5.0), COST)
+    assert base.run_trajs == run_before and base.kv_cache == 10.0
+    assert [t.tid for t in copy.run_trajs][-1] == "new" and copy.kv_cache == 15.0 and not copy.shared
