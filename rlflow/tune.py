@@ -159,14 +159,16 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
 
     # Bound pruning: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
     # optimistic bound (Eq. 11 with every instance decoding a full batch). Simulate the plan's own setting first (a
-    # screen and a full-length run), then screen at once every point whose bound is above its full-length throughput;
-    # the rest are pruned: they cannot beat the shipped setting, which is always eligible. Not against the shipped
-    # screen: a short run can overstate a pipeline whose staleness is still climbing (laminar's unbounded policy), and
-    # would prune splits that beat it at full length. Not against the best point so far (branch and bound): a point
-    # within the staleness limit on a short run may exceed it at full length, and would have pruned splits that win.
+    # screen and its full-length runs), then screen at once every point whose bound is above its first seed's
+    # full-length throughput; the rest are pruned: they cannot beat the shipped setting, which is always eligible.
+    # Not against the shipped screen: a short run can overstate a pipeline whose staleness is still climbing
+    # (laminar's unbounded policy), and would prune splits that beat it at full length. Not against the best point so
+    # far (branch and bound): a point within the staleness limit on a short run may exceed it at full length, and
+    # would have pruned splits that win.
     with _Workers(jobs) as workers:
         (shipped,) = [c for c in candidates if c.shipped]
-        run([(shipped, screen, seed)] + ([(shipped, steps, seed)] if steps != screen else []))
+        # every seed of the shipped setting at once: all of them are needed, and they keep both workers busy
+        run([(shipped, steps, s) for s in range(seed, seed + seeds)] + ([(shipped, screen, seed)] if steps != screen else []))
         limit = shipped.screen["max_staleness"]
         run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
              and not _looser(c, shipped, name)])
@@ -177,8 +179,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         # Confirm: the shipped setting and the fastest screened points within its max staleness, full length, more seeds.
         contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
                             key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
-        run([(c, steps, s) for s in range(seed, seed + seeds) for c in (shipped, *contenders)
-             if s != seed or (c is not shipped and steps != screen)])  # shipped's seed is in; a full-length screen counts
+        run([(c, steps, s) for s in range(seed, seed + seeds) for c in contenders
+             if s != seed or steps != screen])  # a full-length screen counts as the first seed's run
         progress(f"tune: simulated the shipped setting and {len(contenders)} fastest point(s) within its max staleness "
                  f"for {steps} steps with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
     for c in screened:
