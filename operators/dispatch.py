@@ -57,7 +57,7 @@ def skew_aware_dispatch(prompts: Sequence, predicted: Sequence[float], n_instanc
     """
     if n_instances < 1:
         raise ValueError("dispatch needs at least one instance")
-    order = sorted(range(len(prompts)), key=lambda j: (-predicted[j], j))
+    order = sorted(range(len(prompts)), key=predicted.__getitem__, reverse=True)  # longest first; ties: input order
     ranked = [prompts[j] for j in order]
     k = int(alpha * len(ranked)) if n_instances > 1 else 0
     long_tail, regular = ranked[:k], ranked[k:]
@@ -67,10 +67,21 @@ def skew_aware_dispatch(prompts: Sequence, predicted: Sequence[float], n_instanc
     best = None
     lo = 1 if long_tail else 0
     hi = n_instances - 1 if regular else n_instances
+    cap_long, cap_reg = cap(l_long), cap(l_reg)
+    long_at, reg_at = {}, {}  # Eq. 2 by per-instance count: ceil(L / n) takes few distinct values over the n tried
     for n_l in range(lo, hi + 1):
         n_r = n_instances - n_l
-        t_long = instance_latency(math.ceil(len(long_tail) / n_l), l_long, ptl, cap(l_long)) if n_l else 0.0
-        t_reg = instance_latency(math.ceil(len(regular) / n_r), l_reg, ptl, cap(l_reg)) if n_r else 0.0
+        t_long = t_reg = 0.0
+        if n_l:
+            m = math.ceil(len(long_tail) / n_l)
+            t_long = long_at.get(m)
+            if t_long is None:
+                t_long = long_at[m] = instance_latency(m, l_long, ptl, cap_long)
+        if n_r:
+            m = math.ceil(len(regular) / n_r)
+            t_reg = reg_at.get(m)
+            if t_reg is None:
+                t_reg = reg_at[m] = instance_latency(m, l_reg, ptl, cap_reg)
         t = max(t_long, t_reg)
         if best is None or t < best[0]:
             best = (t, n_l)

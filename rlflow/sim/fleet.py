@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from operator import attrgetter
 
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
@@ -160,8 +161,6 @@ class CoordinatedFleet(Fleet):
         if cfg.dispatch == "skew_aware":
             self.ts.partition(self._lane_members)
         self._n_long = 0
-        self._cutoff: float | None = None  # the last dispatch plan's shortest long-tail prediction; None: plan anew
-        self._unplanned = 0  # prompts arrived since the last plan
         self._recent: list[int] = []  # recent completed lengths (dispatch's distribution D)
         self._rng = random.Random(cfg.seed)
         self._snaps: dict[int, InstanceSnapshot] = {}  # the last snapshot of each instance, reused while unchanged
@@ -224,11 +223,7 @@ class CoordinatedFleet(Fleet):
             new.extend(group.samples)
         if new and self.cfg.dispatch == "skew_aware":
             self._predict(new)
-            self._unplanned += len(new)
-            if self._cutoff is None or self._unplanned >= sim.cfg.batch_samples:
-                self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
-            else:
-                self._mark(new)
+            self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
 
     def _predict(self, samples: list) -> None:
         """The length ranker's prediction, once per prompt as it arrives (a ranker answers a prompt the same way each
@@ -237,37 +232,24 @@ class CoordinatedFleet(Fleet):
         for s in samples:
             s.predicted = s.length * self._rng.lognormvariate(0, noise) if noise else s.length
 
-    def _mark(self, samples: list) -> None:
-        """Prompts that arrived between plans: long-tail if predicted at least as long as the last plan's shortest
-        long-tail prompt (so about the plan's fraction of them is), each group's members in LPT order."""
-        self._long.update(id(s) for s in samples if s.predicted >= self._cutoff)
-        for group in {id(s.group): s.group for s in samples}.values():
-            group.samples.sort(key=_minus_predicted)
-
     def _dispatch(self, samples: list) -> None:
-        """StreamRL Algorithm 2 over the prompts waiting: mark the long tail and size its instance share.
-
-        Algorithm 2 plans a batch of prompts (streamrl.txt §5.3). The simulator's TS keeps one batch of unreserved
-        prompts and tops it up as groups are reserved, a few at a time; it plans the whole pool again once a batch's
-        worth of prompts arrived since the last plan (and on the first top-up, and after a resize), and marks the
-        prompts in between by the last plan's cutoff (_mark). Planning the pool at every top-up cost O(pool) each time,
-        a quarter of a 1,024-GPU run."""
-        self._unplanned = 0
+        """StreamRL Algorithm 2 over the prompts waiting: mark the long tail and size its instance share. As `rlflow
+        run` does (rlflow/runtime/dispatch_lanes.py), the whole pool is planned again whenever new prompts arrive."""
         predicted = [s.predicted for s in samples]
-        recent = self._recent[-4096:] or [s.length for s in samples]
+        recent = sorted(self._recent[-4096:] or [s.length for s in samples])  # sorted once for every percentile
         p = self.instances[0].p
-        kv_per_sample = p.k5 * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50))  # once, not per call
+        kv_per_sample = p.k5 * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50, presorted=True))
         ptl = lambda bs: p.step_latency(kv_per_sample * bs, bs)
         plan = skew_aware_dispatch(samples, predicted, len(self.serving), recent, ptl,
                                    alpha=self.cfg.long_tail_fraction,
                                    max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (self.sim.cfg.prompt_tokens + l)))))
         self._n_long = plan.n_long
-        self._long.difference_update(id(s) for s in samples)
-        self._long.update(id(s) for s in plan.long_tail)
-        self._cutoff = plan.long_tail[-1].predicted if plan.long_tail else float("inf")
-        order = {id(s): j for j, s in enumerate(plan.long_tail + plan.regular)}  # LPT: longest predicted first
+        self._long.difference_update(map(id, samples))
+        self._long.update(map(id, plan.long_tail))
+        # LPT within each group: the plan's order is longest predicted first, ties in pool order, so within a group it
+        # is a stable sort by prediction, descending (reverse keeps equal keys in their order)
         for group in self.ts.initial.values():
-            group.samples.sort(key=lambda s: order.get(id(s), -1))
+            group.samples.sort(key=_predicted, reverse=True)
         self.ts.reordered()
 
     def _lanes(self):
@@ -321,7 +303,6 @@ class CoordinatedFleet(Fleet):
         for inst in serving[::-1][:max(0, have - n - cancel)]:
             self._retire(inst)
         sim.scale_events.append((sim.now, sim._steps_done, len(self.serving) + self.starting, why))
-        self._cutoff = None  # the next top-up sizes the long-tail share for the new instance count
         if self.monitor is not None:
             self.monitor.restart()
 
@@ -336,7 +317,6 @@ class CoordinatedFleet(Fleet):
         inst.pull(sim.weights)  # weights first: the pull's time is the join's cost
         self.pulls += 1
         self.touch(inst)
-        self._cutoff = None
 
     def _retire(self, inst: Instance) -> None:
         inst.advance(self.sim.now)
@@ -374,5 +354,4 @@ class CoordinatedFleet(Fleet):
             self._long.discard(id(sample))
 
 
-def _minus_predicted(sample) -> float:
-    return -sample.predicted
+_predicted = attrgetter("predicted")
