@@ -93,7 +93,8 @@ def main() -> None:
         " version exists, partial rollout) + no migration. +S = throughput-aware sync (StaleFlow Algorithm 4: pull an"
         " instance behind only when nothing in the TS is routable to it on its weights and, tentatively updated, the"
         " cost-model waterfall would route to it, i.e. its marginal gain clears mu x the ideal gain). StreamRL uses a"
-        " noisy oracle ranker (lognormal error, sigma 0.5). pulls = weight pulls by instances; interrupted ="
+        " noisy oracle ranker (lognormal error, sigma 0.5, drawn once per prompt). pulls = weight pulls by instances;"
+        " interrupted ="
         " trajectories interrupted by syncs and migrations (coordinated fleets only).", "",
         "| variant | eta | trained tokens/s | x synchronous | staleness 0/1/2/3 (share) | max <= eta | pulls | interrupted | wall s |",
         "|---|---|---|---|---|---|---|---|---|",
