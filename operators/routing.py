@@ -287,13 +287,26 @@ def route_least_loaded(instances, ts_trajs, verify: Verify, *, cost: CostModel |
     routes: dict[int, list] = {}
     if not groups:
         return []
+    # Skips that change no route: instances only leave the heaps (or grow their load), so once a trajectory of V_traj
+    # v finds no admissible instance, none of V_traj >= v will; once an initial one finds none, no initial one will
+    # (only an initial one reserves, so from then on nothing changes the policy's answers to verify). Without them a
+    # TS held back by the staleness bound was tested in full against every version group at every cycle.
+    blocked_v = None
+    blocked_new = False
     for traj in mlq(ts_trajs):
+        v_traj = adm.v_traj(traj)
+        if blocked_new if v_traj is None else (blocked_v is not None and v_traj >= blocked_v):
+            continue
         while True:
             best = None
             for v, heap in heaps.items():
                 if heap and adm.routable(traj, v) and (best is None or heap[0][:2] < heaps[best][0][:2]):
                     best = v
             if best is None:
+                if v_traj is None:
+                    blocked_new = True
+                elif blocked_v is None or v_traj < blocked_v:
+                    blocked_v = v_traj
                 break
             inst = heaps[best][0][2]
             if cost is not None and not cost.fits(inst, traj.tokens):

@@ -225,3 +225,67 @@ def test_a_shallow_snapshot_copies_its_lists_before_routing_changes_them():
     place(copy, traj("new", 0, 5.0), COST)
     assert base.run_trajs == run_before and base.kv_cache == 10.0
     assert [t.tid for t in copy.run_trajs][-1] == "new" and copy.kv_cache == 15.0 and not copy.shared
+
+
+def _least_loaded_reference(instances, ts_trajs, verify, cost, reserve):
+    """Vanilla routing written plainly: every trajectory in MLQ order tried against every version group, no skips."""
+    import heapq
+
+    from rlflow.operators.routing import _Admission, mlq
+
+    adm = _Admission(verify, reserve)
+    heaps = {}
+    for i in instances:
+        if cost is None or cost.room(i):
+            heaps.setdefault(i.inst_version, []).append((len(i.run_trajs) + len(i.wait_trajs), i.idx, i))
+    for heap in heaps.values():
+        heapq.heapify(heap)
+    routes = {}
+    for t in mlq(ts_trajs):
+        while True:
+            options = [v for v, heap in sorted(heaps.items()) if heap and adm.routable(t, v)]
+            if not options:
+                break
+            best = min(options, key=lambda v: heaps[v][0][:2])
+            inst = heaps[best][0][2]
+            if cost is not None and not cost.fits(inst, t.tokens):
+                heapq.heappop(heaps[best])
+                continue
+            heapq.heapreplace(heaps[best], (len(inst.run_trajs) + len(inst.wait_trajs) + 1, inst.idx, inst))
+            adm.routed(t, inst.inst_version)
+            place(inst, t, cost)
+            routes.setdefault(inst.idx, []).append(t.tid)
+            break
+    return routes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 4)), st.integers(0, 300), st.integers(0, 5)),
+                max_size=40),
+       st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.integers(0, 1)), min_size=1, max_size=6),
+       st.integers(0, 5), st.integers(1, 6),
+       st.sampled_from([None, COST, CostModel(0.001, 1.0, 0.5, 1.0, 1.0, 1000.0, max_running=3)]))
+def test_least_loaded_skips_change_no_route(ts, insts, verify_from, budget, cost):
+    """Least-loaded routing skips trajectories it can tell are unroutable (a V_traj at or above one that found no
+    instance; an initial one after one found none, until the next reservation). Against the plain loop on random
+    snapshots, with a policy whose verify tightens as groups are reserved (a budget of reservations), the routes and
+    the reservations are the same."""
+    def run(route):
+        reserved = []
+        verify = lambda v: v >= verify_from and len(reserved) < budget
+        fleet = [inst(i, version, run=run, wait=wait) for i, (version, run, wait) in enumerate(insts)]
+        trajs = [traj(f"t{j}", v, tokens, gid=f"g{gid}" if v is None else f"p{j}") for j, (v, tokens, gid) in enumerate(ts)]
+        out = route(fleet, trajs, verify, lambda gid, v: reserved.append((gid, v)))
+        return out, reserved
+
+    fast = run(lambda f, t, verify, reserve: routed(route_least_loaded(f, t, verify, cost=cost, reserve=reserve)))
+    slow = run(lambda f, t, verify, reserve: _least_loaded_reference(f, t, verify, cost, reserve))
+    assert fast == slow
+
+
+def test_a_group_reserved_below_a_blocked_v_traj_still_routes():
+    """The V_traj skip must compare each trajectory's own V_traj: a partial one of V_traj 3 finds no instance (the
+    only one holds version 2), then an initial group is reserved at version 2, and its second member (V_traj 2 now)
+    must still be routed."""
+    ts = [traj("p", 3, 1.0), traj("a1", None, 1.0, gid="g"), traj("a2", None, 1.0, gid="g")]
+    assert routed(route_least_loaded([inst(0, version=2)], ts, lambda v: True)) == {0: ["a1", "a2"]}
