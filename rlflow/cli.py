@@ -366,7 +366,7 @@ def _doctor(args) -> int:
 def _tune(args) -> int:
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import Problem
-    from rlflow.tune import choose, knob_name, overrides, table, tune
+    from rlflow.tune import TuneArgError, choose, knob_name, overrides, table, tune
 
     plan = compile_pipeline(args.pipeline, args.overrides)
     _simulable(plan)
@@ -379,9 +379,10 @@ def _tune(args) -> int:
         candidates, notes = tune(plan, gpus=args.gpus, steps=args.steps, profile=args.profile,
                                  per_instance=args.gpus_per_instance, train_tokens_per_gpu=args.train_tokens_per_gpu,
                                  screen_steps=args.screen_steps, jobs=args.jobs, batch_sizes=batches)
-    except ValueError as e:
-        where = "--batch-sizes" if str(e).startswith("--batch-sizes") else "--gpus"
-        raise PipelineInvalid(args.pipeline, [Problem((where,), str(e), "bad-tune", "see rlflow tune --help")]) from None
+    except TuneArgError as e:
+        raise PipelineInvalid(args.pipeline, [Problem((e.option,), str(e), "bad-tune", "see rlflow tune --help")]) from None
+    except ValueError as e:  # the simulator's (SimConfigError: e.g. lengths that cannot fit the KV budget)
+        raise PipelineInvalid(args.pipeline, [Problem(("tune",), str(e), "bad-simulation", "see rlflow tune --help")]) from None
     for note in notes:
         print(f"note: {note}")
     print("\n".join(table(candidates, knob_name(plan["control"]["staleness"]["kind"]))))

@@ -44,6 +44,14 @@ FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to t
 CONTENDERS = 3  # the fastest points re-simulated with more seeds, beside the plan's own setting
 
 
+class TuneArgError(ValueError):
+    """A search argument that cannot work; `option` names it (the CLI reports the error there)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
 @dataclass
 class Candidate:
     rollout_gpus: int
@@ -114,7 +122,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     prof = load_profile(profile, notes)
     g = gpus_per_instance(profile, per_instance, notes)
     if gpus < 2 * g:
-        raise ValueError(f"--gpus {gpus} cannot hold one rollout instance ({g} GPUs) and a trainer GPU")
+        raise TuneArgError("--gpus", f"{gpus} GPUs cannot hold one rollout instance ({g} GPUs) and a trainer GPU")
     w = plan["pipeline"]["workload"]
     lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
                          tailness=w["tailness"], cap=w["length_cap"] or rollout["max_new_tokens"])
@@ -127,7 +135,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     own_batch = control["batch_size"]
     batches = sorted({own_batch, *(batch_sizes or [])})
     if min(batches) < 1:
-        raise ValueError(f"--batch-sizes: a batch is at least 1 group, got {min(batches)}")
+        raise TuneArgError("--batch-sizes", f"a batch is at least 1 group, got {min(batches)}")
     per_inst = full_instance(own_batch)
     if train_tokens_per_gpu is None:
         half = max(1, gpus // (2 * g))

@@ -80,6 +80,17 @@ def test_too_few_gpus_is_a_clear_error(capsys):
                "--gpus-per-instance", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and "cannot hold one rollout instance" in err and "Traceback" not in err
+    assert "--gpus: 2 GPUs" in err and "[bad-tune]" in err
+
+
+def test_a_simulation_that_cannot_run_is_reported_as_such_not_as_a_bad_argument(capsys):
+    """Lengths that cannot fit the engine's KV budget are the simulator's error (SimConfigError): reported at `tune`
+    with its own rule, not blamed on --gpus."""
+    rc = main(["tune", str(REPO / "pipelines" / "quickstart.yaml"), "--gpus", "16", "--steps", "5", "--jobs", "1",
+               "--set", "workload.length_cap=2000000", "--set", "workload.mean_length=1500000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "tune: lengths:" in err and "cannot fit the KV budget" in err and "[bad-simulation]" in err
 
 
 def test_overrides_name_the_edge_that_carries_the_knob():
