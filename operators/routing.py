@@ -156,9 +156,12 @@ class _Admission:
         return traj.v_traj if traj.v_traj is not None else self.assigned.get(traj.gid)
 
     def routable(self, traj, version: int) -> bool:
-        v = self.v_traj(traj)
-        if v is not None:
-            return version >= v
+        return self.admits(self.v_traj(traj), version)
+
+    def admits(self, v_traj: int | None, version: int) -> bool:
+        """routable() for a trajectory whose V_traj (v_traj(traj)) the caller already has."""
+        if v_traj is not None:
+            return version >= v_traj
         ok = self._cache.get(version)
         if ok is None:
             ok = self._cache[version] = bool(self._verify(version))
@@ -300,7 +303,7 @@ def route_least_loaded(instances, ts_trajs, verify: Verify, *, cost: CostModel |
         while True:
             best = None
             for v, heap in heaps.items():
-                if heap and adm.routable(traj, v) and (best is None or heap[0][:2] < heaps[best][0][:2]):
+                if heap and adm.admits(v_traj, v) and (best is None or heap[0][:2] < heaps[best][0][:2]):
                     best = v
             if best is None:
                 if v_traj is None:

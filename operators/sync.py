@@ -136,7 +136,7 @@ def sync_throughput_aware(instances, ts_trajs, ps_version: int, *, verify: Calla
         if cost is not None and not any(0 < g >= thr for g, thr in
                                         ((cost.marginal_gain(cand, tok), thr) for tok, thr in thresholds.items())):
             continue
-        temp = [i.shallow() if hasattr(i, "shallow") else i.clone() for i in instances]
+        temp = [i.shallow() for i in instances]
         target = next(i for i in temp if i.idx == cand.idx)
         target.inst_version = ps_version
         # Only the version changes (Algorithm 4 line 16): the instance keeps its run/wait trajectories and
