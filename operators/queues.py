@@ -107,6 +107,10 @@ class QueuePolicy(StalenessPolicy):
         self.capacity = capacity  # completed groups the queue holds; the oldest is dropped beyond it
         self._reserved: dict[GroupId, int] = {}
         self._queue = self.queue_type()
+        # The most completed groups ever queued at once, counted after an add and before the overflow drop. A run
+        # whose peak_queued never exceeded its capacity would run identically with any capacity >= peak_queued:
+        # capacity acts only through that drop (rlflow tune reuses such runs instead of simulating them again).
+        self.peak_queued = 0
 
     def _admits(self) -> bool:
         """Room for one more group under the policy's admission rule (beyond the version checks)."""
@@ -153,6 +157,7 @@ class QueuePolicy(StalenessPolicy):
             return [entry]
         self._queue.add(entry)
         self.counters.pending += 1
+        self.peak_queued = max(self.peak_queued, len(self._queue))
         overflow = 0 if self.capacity is None else max(0, len(self._queue) - self.capacity)
         evicted = self._queue.take(overflow)
         self._count_dropped(evicted)

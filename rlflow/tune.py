@@ -20,11 +20,19 @@ changes how many updates each sample gets, which is about learning, and the simu
    the split nearest even, win it).
    Steps 1-2 run at a screening length (`screen_steps`, a third of `steps` by default): successive halving's
    first rung. A short run ranks points well enough to pick the few worth a full one, at a fraction of the cost.
+   The split grid is coarse (at most 9 splits); the splits halfway between the fastest screened point and its
+   neighbours are screened too, and again around the new fastest if it moved (REFINE_ROUNDS halvings).
 3. Confirm at full length with more seeds: one seed can make a point look several % faster than it is
    (streamrl.yaml at 64 GPUs, queue-drop with skew-aware dispatch: its pick on seed 0 was 5% ahead of the shipped
    setting and 14% behind it on seed 1). The plan's own setting and the CONTENDERS fastest screened points within
    its screened max staleness are simulated for `steps` with `seeds` seeds; their results are averages over the
    seeds (max staleness: the max), and only these confirmed points can be recommended.
+
+A queue policy's capacity acts only when its queue overflows, so a run whose queue never reached a capacity answers
+for it exactly (_reuse): queue capacities are screened largest first at each split, and a point whose run would
+repeat one already simulated takes its result instead (streamrl.yaml at 1,024 GPUs: every capacity's screen at a
+split is one run; the rollout's warm-up before the first batch is most of a run's cost, so a screen costs nearly what
+a full run does).
 
 The simulations of a step are independent: `jobs` > 1 runs them in that many worker processes.
 
@@ -42,6 +50,7 @@ from pathlib import Path
 QUEUE_KINDS = ("queue_drop", "queue_max")
 FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
 CONTENDERS = 3  # the fastest points re-simulated with more seeds, beside the plan's own setting
+REFINE_ROUNDS = 2  # halvings of the split grid's step around the fastest screened split
 
 
 class TuneArgError(ValueError):
@@ -145,25 +154,61 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     splits = split_grid(gpus, g)
     candidates = []
     even = min(splits, key=lambda s: abs(s[0] - gpus / 2))
-    for r, t in splits:
+
+    def make(k: int, b: int, knob: int | None) -> Candidate:
+        """The point with k rollout instances (the rest of the GPUs train), batch b and the knob."""
+        r, t = k * g, gpus - k * g
+        v_r, v_t = k * full_instance(b), t * train_tokens_per_gpu
+        return Candidate(r, t, k, knob, v_r / v_t, min(v_r, v_t), v_t,
+                         shipped=(r, t) == even and knob == _own(control) and b == own_batch,
+                         batch=None if b == own_batch else b)
+
+    for r, _ in splits:
         for b in batches:
-            v_r, v_t = (r // g) * full_instance(b), t * train_tokens_per_gpu
-            for knob in knob_values(control, b):
-                candidates.append(Candidate(r, t, r // g, knob, v_r / v_t, min(v_r, v_t), v_t,
-                                            shipped=(r, t) == even and knob == _own(control) and b == own_batch,
-                                            batch=None if b == own_batch else b))
+            candidates.extend(make(r // g, b, knob) for knob in knob_values(control, b))
     name = knob_name(control["kind"])
     screen = min(steps, screen_steps or max(5, steps // 3))
 
+    same: dict[tuple, list[tuple[int, dict]]] = {}  # queue runs by point: (peak queued, result), see _reuse
+    counts = {"simulated": 0, "reused": 0}
+
     def run(batch: list[tuple[Candidate, int, int]]) -> None:
-        """Simulate (candidate, steps, seed) points; a full-length run joins the candidate's runs."""
-        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s, c.batch) for c, n, s in batch]
-        for (c, n, s), r in zip(batch, workers.map(args)):
-            if n == screen and s == seed:
-                c.screen = r
-            if n == steps:
-                c.runs.append(r)
-                c.result = _aggregate(c.runs)
+        """Simulate (candidate, steps, seed) points; a full-length run joins the candidate's runs. A queue point
+        whose run is known to be identical to one already simulated (_reuse) takes that run's result."""
+        todo = []
+        for c, n, s in batch:
+            r = _reuse(same, c, n, s)
+            if r is None:
+                todo.append((c, n, s))
+            else:
+                counts["reused"] += 1
+                keep(c, n, s, r)
+        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s, c.batch) for c, n, s in todo]
+        for (c, n, s), r in zip(todo, workers.map(args)):
+            counts["simulated"] += 1
+            if name == "capacity" and r["peak_queued"] <= c.knob:
+                same.setdefault(_point(c, n, s), []).append((r["peak_queued"], r))
+            keep(c, n, s, r)
+
+    def keep(c: Candidate, n: int, s: int, r: dict) -> None:
+        if n == screen and s == seed:
+            c.screen = r
+        if n == steps:
+            c.runs.append(r)
+            c.result = _aggregate(c.runs)
+
+    def screen_all(points: list[Candidate]) -> None:
+        """Screen `points`; queue capacities largest first at each split, so a run whose queue never filled answers
+        for the smaller capacities it never reached."""
+        if name != "capacity":
+            return run([(c, screen, seed) for c in points])
+        largest = {}
+        for c in points:
+            key = _point(c, screen, seed)
+            if key not in largest or c.knob > largest[key].knob:
+                largest[key] = c
+        run([(c, screen, seed) for c in largest.values()])
+        run([(c, screen, seed) for c in points if not c.screen])
 
     # Bound pruning: a split's trained tokens/s cannot exceed min(v_R at full load, v_T), the closed form's
     # optimistic bound (Eq. 11 with every instance decoding a full batch). Simulate the plan's own setting first (a
@@ -178,23 +223,71 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         # every seed of the shipped setting at once: all of them are needed, and they keep both workers busy
         run([(shipped, steps, s) for s in range(seed, seed + seeds)] + ([(shipped, screen, seed)] if steps != screen else []))
         limit = shipped.screen["max_staleness"]
-        run([(c, screen, seed) for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
-             and not _looser(c, shipped, name)])
-        screened = [c for c in candidates if c.screen]
+        screen_all([c for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
+                    and not _looser(c, shipped, name)])
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
-                 f"screened {len(screened)} ({screen} steps each), pruned the rest: their closed-form bound is below the "
-                 "shipped setting's throughput")
+                 f"screened {sum(1 for c in candidates if c.screen)} ({screen} steps each), pruned the rest: their "
+                 "closed-form bound is below the shipped setting's throughput")
+        # Refine the split: the grid has at most 9 splits, and the best one often lies between two of them. Screen the
+        # splits halfway between the fastest screened point within the staleness limit and its neighbours (same knob
+        # and batch), and again around the new best if it moved: a hill climb of REFINE_ROUNDS halvings.
+        for _ in range(REFINE_ROUNDS):
+            best = max((c for c in candidates if c.screen and c.screen["max_staleness"] <= limit),
+                       key=lambda c: c.screen["tokens_per_s"])
+            have = sorted({c.instances for c in candidates})
+            i = have.index(best.instances)
+            mids = {(best.instances + n) // 2 for n in have[max(0, i - 1):i + 2]} - set(have)
+            new = [make(k, best.batch or own_batch, best.knob) for k in sorted(mids)]
+            candidates.extend(new)
+            screen_all([c for c in new if c.bound > shipped.runs[0]["tokens_per_s"]])
+            after = max((c for c in candidates if c.screen and c.screen["max_staleness"] <= limit),
+                        key=lambda c: c.screen["tokens_per_s"])
+            if after is best:
+                break
+            progress(f"tune: refined the split: {after.rollout_gpus} rollout GPUs screen faster than {best.rollout_gpus}")
+        screened = [c for c in candidates if c.screen]
         # Confirm: the fastest screened points within the shipped max staleness, full length, every seed (as the shipped
         # setting ran above).
-        contenders = sorted((c for c in screened if not c.shipped and c.screen["max_staleness"] <= limit),
-                            key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
+        contenders = _contenders(screened, shipped, limit)
         run([(c, steps, s) for s in range(seed, seed + seeds) for c in contenders
              if s != seed or steps != screen])  # a full-length screen counts as the first seed's run
         progress(f"tune: simulated the shipped setting and {len(contenders)} fastest point(s) within its max staleness "
                  f"for {steps} steps with seeds {seed}..{seed + seeds - 1}; the recommendation is among them (averages)")
+        if counts["reused"]:
+            progress(f"tune: {counts['simulated']} simulations; {counts['reused']} more points ran identically to one of "
+                     "them (their queue never reached the smaller capacity) and took its result")
     for c in screened:
         c.pareto = not any(_dominates(o, c) for o in screened)
     return candidates, notes
+
+
+def _contenders(screened: list[Candidate], shipped: Candidate, limit: int) -> list[Candidate]:
+    """The CONTENDERS fastest screened points within the shipped screen's max staleness, one per screening run:
+    points whose screen was one run (queue capacities the queue never reached, _reuse) cannot be told apart by it,
+    so a slot goes to one of them, the one whose knob is nearest the shipped one; none to the shipped setting's own."""
+    runs: dict[int, list[Candidate]] = {}
+    for c in screened:
+        if c.screen["max_staleness"] <= limit:
+            runs.setdefault(id(c.screen), []).append(c)
+    runs.pop(id(shipped.screen), None)
+    picks = [min(same, key=lambda c: abs(c.knob - shipped.knob) if c.knob is not None else 0) for same in runs.values()]
+    return sorted(picks, key=lambda c: -c.screen["tokens_per_s"])[:CONTENDERS]
+
+
+def _point(c: Candidate, steps: int, seed: int) -> tuple:
+    """What a simulation depends on besides the staleness knob."""
+    return c.instances, c.batch, c.train_tokens_per_s, steps, seed
+
+
+def _reuse(same: dict, c: Candidate, steps: int, seed: int) -> dict | None:
+    """The result of an identical run already simulated, if one is known. A queue policy's capacity acts only by
+    dropping the oldest completed group when the queue holds more than it (operators/queues.py, occupy): a run whose
+    queue peaked at P groups without a drop runs step for step the same with any capacity >= P (same seed, split,
+    batch and length), so its result is that point's."""
+    for peak, r in same.get(_point(c, steps, seed), ()):
+        if c.knob is not None and peak <= c.knob:
+            return r
+    return None
 
 
 def _looser(c: Candidate, shipped: Candidate, name: str | None) -> bool:
@@ -211,6 +304,7 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
     """One candidate simulated (a module-level function, so worker processes can run it)."""
     from rlflow.sim import simulate
     from rlflow.sim.from_plan import sim_config
+    from rlflow.sim.loop import build_policy
 
     p = copy.deepcopy(plan)
     if name:
@@ -219,9 +313,11 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
         p["control"]["staleness"]["batch_size"] = batch
     config, _ = sim_config(p, steps=steps, mode="cost_model", instances=instances, profile=profile,
                            train_tokens_per_s=train_tokens_per_s, seed=seed)
-    r = simulate(config)
+    policy = build_policy(config)  # ours, to read its peak queue after the run
+    r = simulate(config, policy)
     return {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
-            "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio}
+            "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio,
+            "peak_queued": getattr(policy, "peak_queued", 0)}
 
 
 class _Workers:
@@ -255,6 +351,7 @@ def _aggregate(runs: list[dict]) -> dict:
     """Several seeds' results as one: means, but the max staleness is the max over the seeds."""
     out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
     out["max_staleness"] = max(r["max_staleness"] for r in runs)
+    out["peak_queued"] = max(r["peak_queued"] for r in runs)
     return out
 
 

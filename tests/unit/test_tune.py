@@ -10,7 +10,7 @@ import pytest
 from rlflow.cli import main
 from rlflow.compiler import compile_pipeline
 from rlflow.stages import smollm2
-from rlflow.tune import Candidate, choose, overrides, split_grid, tune
+from rlflow.tune import Candidate, choose, overrides, simulate_point, split_grid, tune
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE4 = str(REPO / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
@@ -103,7 +103,7 @@ def test_overrides_name_the_edge_that_carries_the_knob():
 
 def test_a_lead_seen_on_one_seed_only_is_not_recommended(monkeypatch):
     """One point is 10% ahead on seed 0 and 20% behind on seed 1: the confirmation seed exposes it."""
-    def fake(config):
+    def fake(config, policy=None):
         tokens = 50.0 * config.eta
         if config.instances == 3 and config.eta == 2:  # the lucky point: 6 rollout GPUs, eta 2
             tokens = {0: 110.0, 1: 80.0}[config.seed]
@@ -126,7 +126,7 @@ def test_screening_is_short_and_only_contenders_run_full_length(monkeypatch):
     """Screens are seed 0 at a third of the steps; the shipped point and CONTENDERS others run full length, 2 seeds."""
     calls = []
 
-    def fake(config):
+    def fake(config, policy=None):
         calls.append((config.instances, config.eta, config.steps, config.seed))
         return SimpleNamespace(trained_tokens_per_s=10.0 * config.instances + config.eta, mean_staleness=1.0,
                                max_staleness=min(config.eta, 2), rollout_idle_ratio=0.0, trainer_idle_ratio=0.0)
@@ -197,3 +197,20 @@ def test_a_plan_with_two_rollout_stages_is_refused_not_simulated_in_part(capsys,
     assert main(["simulate", "--steps", "4"]) == 2
     err = capsys.readouterr().err
     assert "[sim-one-rollout-stage]" in err and "Traceback" not in err
+
+
+def test_a_queue_run_that_never_filled_answers_exactly_for_the_capacities_it_never_reached():
+    """streamrl.yaml (queue_drop): capacity acts only by dropping when the queue overflows, so tune takes the result of
+    a run whose queue peaked below another capacity for that capacity instead of simulating it. Every result it
+    holds, reused or not, equals the point simulated on its own."""
+    plan = compile_pipeline(REPO / "pipelines" / "streamrl.yaml")
+    lines = []
+    candidates, _ = tune(plan, gpus=16, steps=9, profile=TABLE4, per_instance=2, progress=lines.append)
+    assert any("ran identically" in line for line in lines)  # some points were reused...
+    checked = overflowed = 0
+    for c in candidates:
+        for r, n, s in ([(c.screen, 5, 0)] if c.screen else []) + [(r, 9, i) for i, r in enumerate(c.runs)]:
+            assert simulate_point(plan, "capacity", c.knob, c.instances, TABLE4, c.train_tokens_per_s, n, s) == r, c
+            checked += 1
+            overflowed += r["peak_queued"] > c.knob
+    assert checked > 20 and overflowed  # ...and some queues did overflow a capacity, so those ran on their own
