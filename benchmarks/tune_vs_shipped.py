@@ -26,15 +26,29 @@ from pathlib import Path
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
-from rlflow.plan_read import rollout_stages
+from rlflow.plan_read import rollout_order, rollout_stages
 from rlflow.sim.from_plan import not_simulable
-from rlflow.tune import Candidate, choose, knob_name, simulate_point, tune
+from rlflow.tune import Candidate, knob_name, simulate_point, tune
+from rlflow.tune_report import choose
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "tune_vs_shipped.md"
 PROFILE = str(ROOT / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
 PER_INSTANCE = 2
 STALEFLOW_LENGTHS = ["workload.mean_length=4096", "workload.tailness=60", "workload.length_cap=20480"]
+
+
+def staleflow_lengths(path: Path) -> list[str]:
+    """StaleFlow's lengths for the pipeline. A stage with lengths of its own (workload.stages: mixed.yaml) keeps its
+    shape: a long-tailed stage gets StaleFlow's; a stage without a tail gets fixed lengths a quarter as long (1,024,
+    cap 2,048), as mixed.yaml's sums (3 tokens) are a quarter of its repeats (12)."""
+    sets = list(STALEFLOW_LENGTHS)
+    for name, own in (compile_pipeline(path)["pipeline"]["workload"].get("stages") or {}).items():
+        if own.get("tailness"):
+            sets += [f"workload.stages.{name}.{k}" for k in ("mean_length=4096", "tailness=60", "length_cap=20480")]
+        else:
+            sets += [f"workload.stages.{name}.{k}" for k in ("mean_length=1024", "tailness=0", "length_cap=2048")]
+    return sets
 
 
 def scale_overrides(path: Path, batch: int = 128) -> list[str]:
@@ -55,7 +69,8 @@ def scale_overrides(path: Path, batch: int = 128) -> list[str]:
 def resimulate(plan: dict, c: Candidate, *, steps: int, seed: int) -> float:
     """Trained tokens/s of candidate `c` with another seed."""
     name = knob_name(plan["control"]["staleness"]["kind"])
-    return simulate_point(plan, name, c.knob, c.instances, PROFILE, c.train_tokens_per_s, steps, seed)["tokens_per_s"]
+    instances = dict(zip(rollout_order(plan), c.stages)) if c.stages else c.instances  # the order tune uses
+    return simulate_point(plan, name, c.knob, instances, PROFILE, c.train_tokens_per_s, steps, seed)["tokens_per_s"]
 
 
 def _cpu() -> float:
@@ -65,7 +80,8 @@ def _cpu() -> float:
 
 
 def point(c: Candidate, name: str | None) -> str:
-    return f"{c.rollout_gpus}/{c.train_gpus}" + (f", {name} {c.knob}" if name else "")
+    per_stage = f" ({' + '.join(str(k * PER_INSTANCE) for k in c.stages)})" if c.stages else ""
+    return f"{c.rollout_gpus}{per_stage}/{c.train_gpus}" + (f", {name} {c.knob}" if name else "")
 
 
 def main() -> None:
@@ -98,7 +114,7 @@ def main() -> None:
     for name in names:
         path = ROOT / "pipelines" / f"{name}.yaml"
         try:
-            plan = compile_pipeline(path, scale_overrides(path, args.batch) + (STALEFLOW_LENGTHS if args.workload == "staleflow" else []))
+            plan = compile_pipeline(path, scale_overrides(path, args.batch) + (staleflow_lengths(path) if args.workload == "staleflow" else []))
         except PipelineInvalid as e:  # e.g. smollm2 without its extra installed
             skipped.append(f"| {name} | does not compile here: {e.problems[0].message} |")
             print(skipped[-1], flush=True)

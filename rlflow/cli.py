@@ -209,7 +209,7 @@ def _scale(args) -> int:
 
 
 def _simulable(plan: dict) -> None:
-    """A plan the simulator cannot run as declared is refused (exit 2), not simulated in part."""
+    """A plan the simulator cannot run as declared is refused (exit 2), not simulated otherwise."""
     from rlflow.errors import Problem
     from rlflow.sim.from_plan import ONE_STAGE_FIX, ONE_STAGE_RULE, not_simulable
 
@@ -218,17 +218,31 @@ def _simulable(plan: dict) -> None:
         raise PipelineInvalid(plan["source"], [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
 
 
+def _stage_instances(config) -> str:
+    """'4 instances', or per rollout stage: 'gen_arith 1, gen_repeat 1 instance(s)'."""
+    if not config.stages:
+        return f"{config.instances} instances"
+    return ", ".join(f"{s.name} {s.instances}" for s in config.rollouts) + " instance(s)"
+
+
 def _simulate(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan
     from rlflow.errors import Problem
     from rlflow.sim import SimConfigError, SimulationStalled, simulate
-    from rlflow.sim.from_plan import sim_config
+    from rlflow.sim.from_plan import plan_rollouts, sim_config
     from rlflow.sim.report import text_report, write_report
 
     plan = read_plan(args.plan or DEFAULT_PLAN)
     if args.overrides:
         plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
     _simulable(plan)
+    rollouts = [n for n, _ in plan_rollouts(plan)]
+    if args.instances is not None and len(rollouts) > 1:
+        raise PipelineInvalid(plan["source"], [Problem(
+            ("--instances",), f"--instances {args.instances} is one count, but this plan has {len(rollouts)} rollout "
+            f"stages ({', '.join(rollouts)})", "instances-per-stage",
+            f"set each stage's count with --set stages.<name>.replicas=N (e.g. --set stages.{rollouts[0]}.replicas="
+            f"{args.instances}), or leave --instances out for the plan's replicas")])
     try:
         scale = [tuple(int(x) for x in item.split(":")) for item in args.scale if item.count(":") == 1
                  and all(x.strip().isdigit() for x in item.split(":"))]
@@ -239,7 +253,7 @@ def _simulate(args) -> int:
                                    scale=tuple(scale))
         for note in notes:
             print(f"note: {note}")
-        print(f"simulating '{plan['name']}': {config.steps} steps, {config.mode} mode, {config.instances} instances, "
+        print(f"simulating '{plan['name']}': {config.steps} steps, {config.mode} mode, {_stage_instances(config)}, "
               f"policy {config.policy}" + (f" eta={config.eta}" if config.eta is not None else ""), flush=True)
         result = simulate(config)
     except (SimConfigError, ValueError, SimulationStalled) as e:
@@ -366,7 +380,8 @@ def _doctor(args) -> int:
 def _tune(args) -> int:
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import Problem
-    from rlflow.tune import TuneArgError, choose, knob_name, overrides, table, tune
+    from rlflow.tune import TuneArgError, knob_name, tune
+    from rlflow.tune_report import choose, overrides, table
 
     plan = compile_pipeline(args.pipeline, args.overrides)
     _simulable(plan)
@@ -388,7 +403,9 @@ def _tune(args) -> int:
     print("\n".join(table(candidates, knob_name(plan["control"]["staleness"]["kind"]))))
     best = choose(candidates)
     shipped = next((c for c in candidates if c.shipped and c.result), None)
-    print(f"\nrecommended: {best.rollout_gpus} rollout GPUs, {best.train_gpus} training GPUs"
+    print(f"\nrecommended: {best.rollout_gpus} rollout GPUs"
+          + (f" ({' + '.join(str(k * best.rollout_gpus // best.instances) for k in best.stages)} per rollout stage)"
+             if best.stages else "") + f", {best.train_gpus} training GPUs"
           + (f", {knob_name(plan['control']['staleness']['kind'])} {best.knob}" if best.knob is not None else "")
           + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
           + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "

@@ -79,7 +79,21 @@ def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
         check_components(spec, base_dir, problems)
         check_profiles(spec, base_dir, problems)
         check_resources(spec, batch_groups(spec), problems)
+    _check_workload(spec, problems)
     return problems
+
+
+def _check_workload(spec: Pipeline, problems: list[Problem]) -> None:
+    """workload.stages gives rollout stages' response lengths: each key names a rollout stage."""
+    rollouts = stages_of(spec, "rollout")
+    fix = f"name a rollout stage: {', '.join(rollouts)}"
+    for name in spec.workload.stages or {}:
+        loc = ("workload", "stages", name)
+        if name not in spec.stages:
+            problems.append(Problem(loc, f"unknown stage '{name}'{did_you_mean(name, rollouts)}", "unknown-workload-stage", fix))
+        elif spec.stages[name].kind != "rollout":
+            problems.append(Problem(loc, f"'{name}' is a {spec.stages[name].kind} stage; workload.stages gives a rollout "
+                                    "stage's response lengths", "workload-not-rollout", fix))
 
 
 def stages_of(spec: Pipeline, kind: str) -> list[str]:

@@ -18,6 +18,12 @@ def rollout_stages(plan: dict) -> list[str]:
     return [n for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "rollout"]
 
 
+def rollout_order(plan: dict) -> list[str]:
+    """The plan's rollout stages in graph order: the order `rlflow run` creates and serves their fleets, and the
+    simulator its fleets (it may differ from rollout_stages' pipeline order)."""
+    return [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
+
+
 @dataclass(frozen=True)
 class PlanCoordination:
     """A rollout stage's coordination choices (staleflow.txt §5.3), read once for the simulator and `rlflow run`."""

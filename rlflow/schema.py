@@ -131,6 +131,17 @@ class ResourcesSpec(Strict):
     """GPUs the embedded cluster may use."""
 
 
+class StageWorkload(Strict):
+    """One rollout stage's response lengths, where its task answers differently from the others'."""
+
+    mean_length: Annotated[float, Field(gt=0)] | None = None
+    """Mean response length E[L] of this stage, tokens. Default: workload.mean_length."""
+    tailness: Annotated[float, Field(ge=0, le=200)] | None = None
+    """This stage's length tailness (lognormal sigma = 1.3 * tailness / 100). Default: workload.tailness."""
+    length_cap: PositiveInt | None = None
+    """This stage's longest response, tokens. Default: workload.length_cap, else the stage's max_new_tokens."""
+
+
 class WorkloadSpec(Strict):
     """What you expect of the workload: feeds the closed-form staleness prediction and the simulator."""
 
@@ -155,6 +166,10 @@ class WorkloadSpec(Strict):
     env_latency: Literal["fixed", "exponential"] | None = None
     """Environment step time law: fixed (every step env_latency_s) or exponential (mean env_latency_s).
     Default: the environment's `latency` (env_kwargs), else fixed."""
+    stages: dict[str, StageWorkload] | None = None
+    """Per rollout stage (by name), its own response lengths, each defaulting to this block's. The simulator gives each
+    rollout stage its own length distribution; the closed-form prediction, which has one, is not made when the
+    stages' lengths differ."""
 
 
 # --------------------------------------------------------------------------- stages

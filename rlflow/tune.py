@@ -10,7 +10,7 @@ changes how many updates each sample gets, which is about learning, and the simu
    Eq. 11) bounds the rollout's, so min(v_R at full load, v_T) bounds a split's trained tokens/s. The plan's own
    setting at an even split is simulated first (full length); then every point whose bound is above its
    throughput: the rest cannot beat it and are pruned. An eta over the shipped max staleness is screened at the
-   shipped split only (see _looser). (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long
+   shipped split only (see too_loose). (A ratio band on rho = v_R / v_T was tried first: under StaleFlow's long
    tails the full-load v_R is 20x what instances reach, so the band dropped or
    kept splits for the wrong reason.)
 2. Rank the survivors with the simulator (rlflow/sim): the same plan and policy objects as `rlflow run`,
@@ -34,6 +34,13 @@ repeat one already simulated takes its result instead (streamrl.yaml at 1,024 GP
 split is one run; the rollout's warm-up before the first batch is most of a run's cost, so a screen costs nearly what
 a full run does).
 
+Several rollout stages (mixed.yaml): the rollout instances of a split are divided between the stages in the plan's
+replicas' proportions, then moved from one stage to another at the fastest point (SHIFT_ROUNDS). Each stage admits
+work as fast as it can, so the task mix trained follows the instances; a point is eligible only if every stage's
+share of trained samples stays within MIX_TOLERANCE of the shipped setting's (eligible()).
+
+The choice, the overrides that apply it and the table are rlflow/tune_report.py.
+
 The simulations of a step are independent: `jobs` > 1 runs them in that many worker processes.
 
 What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
@@ -50,6 +57,9 @@ from pathlib import Path
 QUEUE_KINDS = ("queue_drop", "queue_max")
 FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
 CONTENDERS = 3  # the fastest points re-simulated with more seeds, beside the plan's own setting
+SHIFT_ROUNDS = 4  # several rollout stages: rounds of moving instances from one stage to another
+SCREEN_COST = 0.5  # a screen that costs this share of a full run (in events) is run at full length instead
+MIX_TOLERANCE = 0.05  # several rollout stages: how far a stage's share of trained samples may move from the shipped one's
 REFINE_ROUNDS = 2  # halvings of the split grid's step around the fastest screened split
 
 
@@ -76,6 +86,7 @@ class Candidate:
     runs: list[dict] = field(default_factory=list)  # one full-length result per seed; `result` aggregates them
     screen: dict = field(default_factory=dict)  # the screening run (seed 0, screen_steps); {} if not screened
     pareto: bool = False
+    stages: tuple[int, ...] = ()  # several rollout stages: instances of each, in the plan's order (they sum to instances)
 
 
 def split_grid(gpus: int, per_instance: int, points: int = 9) -> list[tuple[int, int]]:
@@ -120,48 +131,60 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
-    from rlflow.sim.config import LengthSpec
-    from rlflow.sim.from_plan import load_profile, plan_coordination
+    from rlflow.plan_read import stage_coordination
+    from rlflow.sim.from_plan import ONE_STAGE_RULE, load_profile, not_simulable, plan_rollouts, stage_lengths
     from rlflow.sim.lengths import expected_length
 
+    why = not_simulable(plan)
+    if why:
+        raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
     notes: list[str] = []
-    rollout = plan["pipeline"]["stages"][rollout_name(plan)]
+    rollouts = plan_rollouts(plan)  # several: instances are split between the stages too (_divide, shift rounds)
+    names = [n for n, _ in rollouts]
     control = plan["control"]["staleness"]
-    profile = profile or plan_coordination(plan).profile
+    profile = profile or next((p for p in (stage_coordination(plan, n).profile for n, _ in rollouts) if p), None)
     prof = load_profile(profile, notes)
     g = gpus_per_instance(profile, per_instance, notes)
-    if gpus < 2 * g:
-        raise TuneArgError("--gpus", f"{gpus} GPUs cannot hold one rollout instance ({g} GPUs) and a trainer GPU")
+    if gpus < len(rollouts) * g + 1:
+        raise TuneArgError("--gpus", f"{gpus} GPUs cannot hold one rollout instance ({g} GPUs) per rollout stage "
+                                     f"({len(rollouts)}) and a trainer GPU")
     w = plan["pipeline"]["workload"]
-    lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
-                         tailness=w["tailness"], cap=w["length_cap"] or rollout["max_new_tokens"])
+    lengths = [stage_lengths(w, name, rollout) for name, rollout in rollouts]
+    replicas = [rollout["replicas"] for _, rollout in rollouts]
 
-    def full_instance(batch: int) -> float:
-        """Decode tokens/s of one instance at full load (Eq. 11): at most a whole batch runs on it."""
+    def full_instance(batch: int, i: int = 0) -> float:
+        """Decode tokens/s of one instance of stage i at full load (Eq. 11): at most a whole batch runs on it."""
+        rollout = rollouts[i][1]
         n = min(prof.max_running, rollout["max_running"], batch * rollout["group_size"])
-        return n / prof.step_latency(prof.k5 * n * expected_length(lengths) / 2, n)
+        return n / prof.step_latency(prof.k5 * n * expected_length(lengths[i]) / 2, n)
+
+    def v_r(stages: tuple[int, ...], batch: int) -> float:
+        return sum(k * full_instance(batch, i) for i, k in enumerate(stages))
 
     own_batch = control["batch_size"]
     batches = sorted({own_batch, *(batch_sizes or [])})
     if min(batches) < 1:
         raise TuneArgError("--batch-sizes", f"a batch is at least 1 group, got {min(batches)}")
-    per_inst = full_instance(own_batch)
     if train_tokens_per_gpu is None:
-        half = max(1, gpus // (2 * g))
-        train_tokens_per_gpu = half * per_inst / max(1, gpus - half * g)
+        half = max(len(rollouts), gpus // (2 * g))
+        train_tokens_per_gpu = v_r(_divide(half, replicas), own_batch) / max(1, gpus - half * g)
         notes.append(f"trainer speed per GPU assumed {train_tokens_per_gpu:,.0f} tokens/s (balances an even split; "
                      "pass --train-tokens-per-gpu), scaling linearly with GPUs")
-    splits = split_grid(gpus, g)
+    splits = [(r, t) for r, t in split_grid(gpus, g) if r >= len(rollouts) * g]
     candidates = []
     even = min(splits, key=lambda s: abs(s[0] - gpus / 2))
 
-    def make(k: int, b: int, knob: int | None) -> Candidate:
-        """The point with k rollout instances (the rest of the GPUs train), batch b and the knob."""
+    def make(k: int, b: int, knob: int | None, stages: tuple[int, ...] | None = None) -> Candidate:
+        """The point with k rollout instances (the rest of the GPUs train), batch b and the knob; with several
+        rollout stages, `stages` instances each (default: in the plan's replicas' proportions)."""
+        shares = _divide(k, replicas)
+        stages = stages or shares
         r, t = k * g, gpus - k * g
-        v_r, v_t = k * full_instance(b), t * train_tokens_per_gpu
-        return Candidate(r, t, k, knob, v_r / v_t, min(v_r, v_t), v_t,
-                         shipped=(r, t) == even and knob == _own(control) and b == own_batch,
-                         batch=None if b == own_batch else b)
+        vr, vt = v_r(stages, b), t * train_tokens_per_gpu
+        return Candidate(r, t, k, knob, vr / vt, min(vr, vt), vt,
+                         shipped=(r, t) == even and knob == _own(control) and b == own_batch and stages == shares,
+                         batch=None if b == own_batch else b,
+                         stages=stages if len(rollouts) > 1 else ())
 
     for r, _ in splits:
         for b in batches:
@@ -183,7 +206,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
             else:
                 counts["reused"] += 1
                 keep(c, n, s, r)
-        args = [(plan, name, c.knob, c.instances, profile, c.train_tokens_per_s, n, s, c.batch) for c, n, s in todo]
+        args = [(plan, name, c.knob, dict(zip(names, c.stages)) if c.stages else c.instances, profile,
+                 c.train_tokens_per_s, n, s, c.batch) for c, n, s in todo]
         for (c, n, s), r in zip(todo, workers.map(args)):
             counts["simulated"] += 1
             if name == "capacity" and r["peak_queued"] <= c.knob:
@@ -222,9 +246,23 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         (shipped,) = [c for c in candidates if c.shipped]
         # every seed of the shipped setting at once: all of them are needed, and they keep both workers busy
         run([(shipped, steps, s) for s in range(seed, seed + seeds)] + ([(shipped, screen, seed)] if steps != screen else []))
+        if screen < steps and shipped.screen["events"] >= SCREEN_COST * shipped.runs[0]["events"]:
+            # The short run cost most of a full one (the rollout's warm-up before the first batch dominates: streamrl
+            # at 1,024 GPUs), so screen at full length: ranking is then exact, and a contender's screen is its first
+            # seed's run, one simulation fewer each.
+            progress(f"tune: a {screen}-step screen costs {shipped.screen['events'] / shipped.runs[0]['events']:.0%} of a "
+                     f"{steps}-step run (events); screening at full length")
+            screen = steps
+            shipped.screen = shipped.runs[0]
         limit = shipped.screen["max_staleness"]
+
+        def fastest() -> Candidate:
+            """The fastest screened point within the shipped screen's max staleness and task mix."""
+            return max((c for c in candidates if c.screen and eligible(c.screen, shipped.screen, limit)),
+                       key=lambda c: c.screen["tokens_per_s"])
+
         screen_all([c for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
-                    and not _looser(c, shipped, name)])
+                    and not too_loose(c, shipped, name)])
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
                  f"screened {sum(1 for c in candidates if c.screen)} ({screen} steps each), pruned the rest: their "
                  "closed-form bound is below the shipped setting's throughput")
@@ -232,19 +270,41 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         # splits halfway between the fastest screened point within the staleness limit and its neighbours (same knob
         # and batch), and again around the new best if it moved: a hill climb of REFINE_ROUNDS halvings.
         for _ in range(REFINE_ROUNDS):
-            best = max((c for c in candidates if c.screen and c.screen["max_staleness"] <= limit),
-                       key=lambda c: c.screen["tokens_per_s"])
+            best = fastest()
             have = sorted({c.instances for c in candidates})
             i = have.index(best.instances)
             mids = {(best.instances + n) // 2 for n in have[max(0, i - 1):i + 2]} - set(have)
             new = [make(k, best.batch or own_batch, best.knob) for k in sorted(mids)]
             candidates.extend(new)
             screen_all([c for c in new if c.bound > shipped.runs[0]["tokens_per_s"]])
-            after = max((c for c in candidates if c.screen and c.screen["max_staleness"] <= limit),
-                        key=lambda c: c.screen["tokens_per_s"])
+            after = fastest()
             if after is best:
                 break
             progress(f"tune: refined the split: {after.rollout_gpus} rollout GPUs screen faster than {best.rollout_gpus}")
+        # Several rollout stages: move instances between them at the fastest point, a step of an eighth of its
+        # instances, kept while it finds a faster point and halved when it does not (the task mix limits how far).
+        best, step = fastest(), max(1, fastest().instances // 8)
+        for _ in range(SHIFT_ROUNDS if len(rollouts) > 1 else 0):
+            have = {(c.stages, c.knob, c.batch) for c in candidates}
+            new = []
+            for i, j in ((i, j) for i in range(len(rollouts)) for j in range(len(rollouts)) if i != j):
+                moved = list(best.stages)
+                move = min(step, moved[i] - 1)
+                moved[i] -= move
+                moved[j] += move
+                if move and (tuple(moved), best.knob, best.batch) not in have:
+                    new.append(make(best.instances, best.batch or own_batch, best.knob, tuple(moved)))
+            candidates.extend(new)
+            screen_all([c for c in new if c.bound > shipped.runs[0]["tokens_per_s"]])
+            after = fastest()
+            if after is best:
+                step //= 2
+                if not step:
+                    break
+            else:
+                progress(f"tune: instances per rollout stage {'/'.join(map(str, after.stages))} screen faster than "
+                         f"{'/'.join(map(str, best.stages))}")
+            best = after
         screened = [c for c in candidates if c.screen]
         # Confirm: the fastest screened points within the shipped max staleness, full length, every seed (as the shipped
         # setting ran above).
@@ -261,13 +321,23 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     return candidates, notes
 
 
+def eligible(r: dict, shipped: dict, limit: int) -> bool:
+    """A result that may be recommended against the shipped setting's (same length and seeds): within its max
+    staleness (the plan's bound is a statement about learning, not only speed), and with several rollout stages, each
+    stage's share of trained samples within MIX_TOLERANCE of the shipped one's. Stages admit work as fast as they
+    can, so more instances for the stage with long answers shift the task mix toward it; a point must not win by
+    training another mix of tasks than the plan's."""
+    return r["max_staleness"] <= limit and all(abs(r["shares"][n] - share) <= MIX_TOLERANCE
+                                               for n, share in shipped.get("shares", {}).items())
+
+
 def _contenders(screened: list[Candidate], shipped: Candidate, limit: int) -> list[Candidate]:
     """The CONTENDERS fastest screened points within the shipped screen's max staleness, one per screening run:
     points whose screen was one run (queue capacities the queue never reached, _reuse) cannot be told apart by it,
     so a slot goes to one of them, the one whose knob is nearest the shipped one; none to the shipped setting's own."""
     runs: dict[int, list[Candidate]] = {}
     for c in screened:
-        if c.screen["max_staleness"] <= limit:
+        if eligible(c.screen, shipped.screen, limit):
             runs.setdefault(id(c.screen), []).append(c)
     runs.pop(id(shipped.screen), None)
     picks = [min(same, key=lambda c: abs(c.knob - shipped.knob) if c.knob is not None else 0) for same in runs.values()]
@@ -276,7 +346,7 @@ def _contenders(screened: list[Candidate], shipped: Candidate, limit: int) -> li
 
 def _point(c: Candidate, steps: int, seed: int) -> tuple:
     """What a simulation depends on besides the staleness knob."""
-    return c.instances, c.batch, c.train_tokens_per_s, steps, seed
+    return c.stages or c.instances, c.batch, c.train_tokens_per_s, steps, seed
 
 
 def _reuse(same: dict, c: Candidate, steps: int, seed: int) -> dict | None:
@@ -290,7 +360,7 @@ def _reuse(same: dict, c: Candidate, steps: int, seed: int) -> dict | None:
     return None
 
 
-def _looser(c: Candidate, shipped: Candidate, name: str | None) -> bool:
+def too_loose(c: Candidate, shipped: Candidate, name: str | None) -> bool:
     """An eta above both the shipped eta and the shipped setting's max staleness (full length), off the shipped split:
     not worth a screen. Such a point is either over that staleness (the bound binds: it cannot be recommended) or
     within it (the bound never binds: it runs as a tighter eta does, which is screened). At the shipped split it is
@@ -317,7 +387,8 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
     r = simulate(config, policy)
     return {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
             "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio,
-            "peak_queued": getattr(policy, "peak_queued", 0)}
+            "peak_queued": getattr(policy, "peak_queued", 0), "events": r.events,
+            "shares": {n: st["trained_share"] for n, st in r.stages.items()} if len(r.stages) > 1 else {}}
 
 
 class _Workers:
@@ -349,7 +420,8 @@ class _Workers:
 
 def _aggregate(runs: list[dict]) -> dict:
     """Several seeds' results as one: means, but the max staleness is the max over the seeds."""
-    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k != "shares"}
+    out["shares"] = {n: sum(r["shares"][n] for r in runs) / len(runs) for n in runs[0]["shares"]}
     out["max_staleness"] = max(r["max_staleness"] for r in runs)
     out["peak_queued"] = max(r["peak_queued"] for r in runs)
     return out
@@ -367,70 +439,12 @@ def _dominates(a: Candidate, b: Candidate) -> bool:
             and (ra["tokens_per_s"] > rb["tokens_per_s"] or ra["mean_staleness"] < rb["mean_staleness"]))
 
 
-def choose(candidates: list[Candidate]) -> Candidate:
-    """The fastest simulated point whose max staleness stays within the shipped setting's (the plan's bound is a
-    statement about learning, not only speed). Only the points simulated with the most seeds (the confirmed ones)
-    are eligible: a point seen on one seed only may owe its lead to that seed."""
-    ran = [c for c in candidates if c.result]
-    most = max(len(c.runs) for c in ran)
-    ran = [c for c in ran if len(c.runs) == most]
-    shipped = next((c for c in ran if c.shipped), None)
-    limit = shipped.result["max_staleness"] if shipped else float("inf")
-    within = [c for c in ran if c.result["max_staleness"] <= limit] or ran
-    fastest = max(c.result["tokens_per_s"] for c in within)
-    # within 1% of the fastest is a tie: then lower staleness, then no change, then the split nearest even
-    tied = [c for c in within if c.result["tokens_per_s"] >= 0.99 * fastest]
-    total = tied[0].rollout_gpus + tied[0].train_gpus
-    return min(tied, key=lambda c: (c.result["mean_staleness"], not c.shipped, abs(c.rollout_gpus - total / 2)))
-
-
-def overrides(plan: dict, c: Candidate) -> list[str]:
-    """The chosen point as `--set` overrides of the plan's pipeline."""
-    out = [f"stages.{rollout_name(plan)}.replicas={c.instances}"]
-    knob = knob_name(plan["control"]["staleness"]["kind"])
-    if knob:
-        # the edge that carries the staleness knob (not e.g. a skew-aware dispatch edge out of the data source)
-        edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if knob in e["policy"])
-        out.append(f"edges.{edge}.policy.{knob}={c.knob}")
-    if c.batch is not None:
-        buffer = next(n for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "buffer")
-        out.append(f"stages.{buffer}.batch_groups={c.batch}")
-    return out
-
-
-def rollout_name(plan: dict) -> str:
-    """The plan's rollout stage (ValueError if it has several: the simulator models one)."""
-    from rlflow.sim.from_plan import plan_rollout
-
-    return plan_rollout(plan)[0]
-
-
-def table(candidates: list[Candidate], knob: str | None) -> list[str]:
-    """The screened candidates (pruned splits are summarised in one line): the full-length result where there is one
-    (averaged over its seeds), else the screening run's."""
-    batches = any(c.batch is not None for c in candidates)  # a batch column only when batch sizes were searched
-    lines = [(f"| rollout GPUs | train GPUs | {knob or 'policy'} |{' batch (groups) |' if batches else ''} bound (closed "
-              "form) | trained tokens/s | mean / max staleness | rollout idle | trainer idle | |"),
-             "|---:|---:|---:|" + ("---:|" if batches else "") + "---:|---:|---|---:|---:|---|"]
-    shipped = next(c for c in candidates if c.shipped)
-    skipped = {id(c) for c in candidates if not c.screen and _looser(c, shipped, knob)}  # not pruned: not screened
-    looser = sorted({c.knob for c in candidates if id(c) in skipped})
-    pruned = sorted({(c.rollout_gpus, c.bound) for c in candidates if not c.screen and id(c) not in skipped})
-    for c in sorted((c for c in candidates if c.screen),
-                    key=lambda c: (c.rollout_gpus, c.batch or 0, c.knob if c.knob is not None else -1)):
-        mark = ", ".join(m for m, on in (("Pareto", c.pareto), ("shipped", c.shipped),
-                                          (f"{len(c.runs)} seeds", len(c.runs) > 1), ("screened only", not c.runs)) if on)
-        r = c.result or c.screen
-        lines.append(f"| {c.rollout_gpus} | {c.train_gpus} | {c.knob if c.knob is not None else '-'} | "
-                     + (f"{c.batch or 'plan'} | " if batches else "") + f"{c.bound:,.0f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['mean_staleness']:.2f} / {r['max_staleness']} | "
-                     f"{r['rollout_idle']:.0%} | {r['trainer_idle']:.0%} | {mark} |")
-    if pruned:
-        lines.append("\npruned by the closed form (bound on trained tokens/s below the shipped setting's "
-                     "throughput): rollout GPUs "
-                     + ", ".join(f"{r} ({b:,.0f})" for r, b in pruned))
-    if looser:
-        lines.append(f"\nnot screened off the shipped split: eta {', '.join(map(str, looser))}, over the shipped "
-                     "setting's max staleness (eligible only where that bound never binds, and then no faster than "
-                     "a tighter eta)")
-    return lines
+def _divide(k: int, weights: list[int]) -> tuple[int, ...]:
+    """k instances over stages in proportion to `weights` (largest remainders), at least one each."""
+    n = len(weights)
+    spare = k - n
+    exact = [spare * w / sum(weights) for w in weights]
+    out = [int(x) for x in exact]
+    for i in sorted(range(n), key=lambda i: out[i] - exact[i])[:spare - sum(out)]:
+        out[i] += 1
+    return tuple(1 + x for x in out)

@@ -24,6 +24,7 @@ from pathlib import Path
 import ray
 
 from rlflow.errors import RunFailed
+from rlflow.plan_read import rollout_order
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.elastic import Elastic
@@ -89,7 +90,7 @@ class Run:
         self.sink = TrainSink(plan, model_dir=model_dir, store=self.store, params=self.weights.server)
         self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
         self.buffer = Buffer(self.control, self.store, self.ledger, self.counts, self._abort_group, log=self.log)
-        rollout_stages = [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
+        rollout_stages = rollout_order(plan)  # the simulator serves its fleets in the same order
         state, resumed = None, None
         if self.resume:
             state = checkpoint.load(self.out_dir, self.sink.actor, source=plan["source"], timeout_s=START_TIMEOUT_S)

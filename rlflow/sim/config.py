@@ -63,6 +63,17 @@ class TrainerModel:
 
 
 @dataclass(frozen=True)
+class StageSim:
+    """A rollout stage after the first: its own fleet of instances, response lengths and group size."""
+
+    name: str
+    instances: int = 1
+    lengths: LengthSpec = field(default_factory=LengthSpec)
+    group_size: int = 8
+    max_running: int | None = None  # replaces the profile's max_running for this stage's instances; None: keep it
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """One simulated run. Batch and capacity count groups; concurrency `slots` counts samples."""
 
@@ -110,6 +121,11 @@ class SimConfig:
     seed: int = 0
     timeline_points: int = 400  # load timeline is resampled to this many instants
     max_events: int = 50_000_000  # guard against a run that can never finish its steps
+    # several rollout stages (one fleet each, one policy, trainer and weights version): the first stage is described by
+    # the top-level fields (instances, lengths, group_size, profile); `stages` are the rollout stages after the first,
+    # in the order `rlflow run` serves their fleets
+    stage_name: str = "rollout"  # the first rollout stage's name
+    stages: tuple[StageSim, ...] = ()
 
     def __post_init__(self):
         errors = []
@@ -143,15 +159,43 @@ class SimConfig:
             errors.append(f"warmup_steps: must be in [0, steps={self.steps}), got {self.warmup_steps}")
         if self.mode == "slots" and self.slots < self.instances:
             errors.append(f"slots: {self.slots} slots cannot be spread over {self.instances} instances")
-        if self.profile is not None and self.mode == "cost_model" and self.lengths.kind == "lognormal":
-            longest = self.prompt_tokens + (self.lengths.cap or 0)
-            if self.lengths.cap is None:
-                errors.append("lengths.cap: cost_model mode needs capped lengths (a trajectory must fit the KV budget)")
-            elif longest > self.profile.kv_tokens:
-                errors.append(f"lengths.cap: prompt + cap = {longest} tokens exceeds the KV budget ({self.profile.kv_tokens:.0f} tokens)")
+        errors += self._cap_errors(self.lengths, "lengths")
         errors += self._elastic_errors()
+        errors += self._stage_errors()
         if errors:
             raise SimConfigError("; ".join(errors))
+
+    def _cap_errors(self, lengths: LengthSpec, where: str) -> list[str]:
+        """cost_model mode: the longest trajectory (prompt + cap) must fit one instance's KV budget."""
+        if self.profile is None or self.mode != "cost_model" or lengths.kind != "lognormal":
+            return []
+        longest = self.prompt_tokens + (lengths.cap or 0)
+        if lengths.cap is None:
+            return [f"{where}.cap: cost_model mode needs capped lengths (a trajectory must fit the KV budget)"]
+        if longest > self.profile.kv_tokens:
+            return [f"{where}.cap: prompt + cap = {longest} tokens exceeds the KV budget ({self.profile.kv_tokens:.0f} tokens)"]
+        return []
+
+    def _stage_errors(self) -> list[str]:
+        if not self.stages:
+            return []
+        errors = []
+        if self.mode != "cost_model" or self.coordinated or self.turns != 1:
+            errors.append("stages: several rollout stages are simulated in mode 'cost_model', uncoordinated (least_loaded "
+                          "routing, no migration, dispatch, elastic or scale; global or per_instance sync) and single-turn; "
+                          "a coordinated or multi-turn multi-stage run is not modelled yet")
+        names = [self.stage_name, *(s.name for s in self.stages)]
+        if len(set(names)) != len(names):
+            errors.append(f"stages: rollout stage names must differ, got {names}")
+        for s in self.stages:
+            where = f"stages.{s.name}"
+            for name in ("instances", "group_size"):
+                if getattr(s, name) < 1:
+                    errors.append(f"{where}.{name}: must be >= 1, got {getattr(s, name)}")
+            if s.max_running is not None and s.max_running < 1:
+                errors.append(f"{where}.max_running: must be >= 1, got {s.max_running}")
+            errors += self._cap_errors(s.lengths, f"{where}.lengths")
+        return errors
 
     def _elastic_errors(self) -> list[str]:
         errors = []
@@ -183,8 +227,13 @@ class SimConfig:
 
     @property
     def batch_samples(self) -> int:
-        """B = G * S, in samples."""
+        """B = G * S, in samples (S: the first rollout stage's group size)."""
         return self.batch_groups * self.group_size
+
+    @property
+    def rollouts(self) -> tuple[StageSim, ...]:
+        """Every rollout stage in order, the first (the top-level fields) included."""
+        return (StageSim(self.stage_name, self.instances, self.lengths, self.group_size), *self.stages)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -9,6 +9,8 @@ Sync rules (one line each, as the simulator applies them):
   what it holds on its own weights, then pulls; no instance waits for another.
 An episode between turns stays with its instance (not routed, not migrated) and comes back to it as a
 continuation; "drained" and "finishes what it holds" include those episodes, as in the runtime.
+Several rollout stages: one Fleet per stage (Fleets), each taking only its own stage's work; the rules above
+hold per fleet.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from rlflow.sim.trajectories import Group
 
 
 class Fleet:
-    """The rollout side of cost_model mode; the event loop calls wake() after every event."""
+    """The rollout side of cost_model mode; the event loop calls wake() after every event.
 
-    def __init__(self, sim, n: int, profile: CostProfile, prompt_tokens: int, weight_sync: str, partial_rollout: bool):
+    stage: the index of the rollout stage it serves (its samples come from that stage's TS); first: the idx of its
+    first instance (instance idx is unique over all fleets: the load timeline and tie-breaks use it)."""
+
+    def __init__(self, sim, n: int, profile: CostProfile, prompt_tokens: int, weight_sync: str, partial_rollout: bool,
+                 stage: int = 0, first: int = 0):
         self.sim = sim
-        self.instances = [Instance(i, self, profile, prompt_tokens) for i in range(n)]
+        self.stage = stage
+        self.instances = [Instance(first + i, self, profile, prompt_tokens) for i in range(n)]
         self.weight_sync = weight_sync
         self.partial_rollout = partial_rollout
         self._dirty: dict[int, Instance] = {i.idx: i for i in self.instances}
@@ -59,9 +66,10 @@ class Fleet:
         candidates.update(dirty)
         ready = [(inst.load, inst.idx, inst) for inst in candidates.values() if inst.has_capacity()]
         heapq.heapify(ready)
+        stage = self.stage
         while ready:
             load, idx, inst = heapq.heappop(ready)
-            sample = sim.next_sample(inst.version)
+            sample = sim.next_sample(inst.version, stage)
             if sample is None:
                 self._blocked.setdefault(inst.version, {})[idx] = inst
                 continue
@@ -78,7 +86,7 @@ class Fleet:
         """Blocked instances whose weights version now has routable work become candidates again."""
         for version in list(self._blocked):
             insts = {i: inst for i, inst in self._blocked[version].items() if inst.version == version}
-            if insts and not self.sim.can_route(version):
+            if insts and not self.sim.can_route(version, self.stage):
                 self._blocked[version] = insts
                 continue
             del self._blocked[version]
@@ -97,7 +105,7 @@ class Fleet:
     def _drained(self, inst: Instance) -> None:
         if self.weight_sync == "per_instance":
             self._pull(inst, self.sim.weights)
-        elif all(i.empty() for i in self.instances):  # global barrier
+        elif all(i.empty() for i in self.instances):  # global barrier, over this fleet (a stage's coordinator syncs its own)
             for other in self.instances:
                 self._pull(other, self.sim.weights)
 
@@ -116,7 +124,7 @@ class Fleet:
             inst = sample.where
             if inst is not None:
                 inst.abort(sample)
-                self.touch(inst)
+                inst.fleet.touch(inst)
 
     def busy_time(self, now: float) -> float:
         """Busy instance-seconds since the start (running, prefilling or pulling)."""
@@ -129,6 +137,44 @@ class Fleet:
     @property
     def preemptions(self) -> int:
         return sum(inst.preemptions for inst in self.instances)
+
+
+class Fleets:
+    """Several rollout stages' fleets as one rollout side (uncoordinated cost_model mode). Every call goes to each fleet
+    in the plan's rollout stage order, the order `rlflow run` serves its RolloutFleets: after an event the first
+    stage's instances take the work admission allows, then the next stage's."""
+
+    def __init__(self, fleets: list[Fleet]):
+        self.fleets = fleets
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [inst for fleet in self.fleets for inst in fleet.instances]
+
+    def wake(self) -> None:
+        for fleet in self.fleets:
+            fleet.wake()
+
+    def publish(self, version: int) -> None:
+        for fleet in self.fleets:
+            fleet.publish(version)
+
+    def abort(self, group: Group) -> None:
+        self.fleets[group.stage].abort(group)
+
+    def busy_time(self, now: float) -> float:
+        return sum(fleet.busy_time(now) for fleet in self.fleets)
+
+    def unit_time(self, now: float) -> float:
+        return sum(fleet.unit_time(now) for fleet in self.fleets)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(fleet.preemptions for fleet in self.fleets)
+
+    @property
+    def pulls(self) -> int:
+        return sum(fleet.pulls for fleet in self.fleets)
 
 
 class CoordinatedFleet(Fleet):

@@ -9,41 +9,71 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.plan_read import PlanCoordination, rollout_stages, stage_coordination
+from rlflow.plan_read import PlanCoordination, rollout_order, stage_coordination
 from rlflow.plan_read import load_profile as read_profile
-from rlflow.sim.config import LengthSpec, SimConfig, TrainerModel
+from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.lengths import expected_length
 
 DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
 
 
 ONE_STAGE_RULE = "sim-one-rollout-stage"
-ONE_STAGE_FIX = ("simulate or tune a pipeline with one rollout stage per task (e.g. quickstart.yaml for arith, "
-                 "learn_repeat.yaml for repeat); the simulator does not model several rollout fleets yet")
+ONE_STAGE_FIX = ("give every rollout stage least_loaded routing, no migration, no skew-aware dispatch, no elastic block "
+                 "and single-turn episodes, with one weight_sync mode and one cost-model profile for all; or simulate "
+                 "each stage in a pipeline of its own (e.g. quickstart.yaml for arith, learn_repeat.yaml for repeat)")
 
 
 def not_simulable(plan: dict) -> str | None:
-    """Why the simulator cannot run this plan as declared (None: it can). It models one rollout fleet: with several
-    rollout stages, simulating the first alone would leave the others' instances and lengths out, a silent
-    substitution, so `rlflow simulate` and `rlflow tune` refuse it (rule ONE_STAGE_RULE)."""
-    stages = rollout_stages(plan)
-    if len(stages) > 1:
-        return (f"the simulator models one rollout stage; this plan has {len(stages)} ({', '.join(stages)}), and "
-                "simulating the first alone would leave the others' instances and lengths out")
+    """Why the simulator cannot run this plan as declared (None: it can), for rule ONE_STAGE_RULE. One rollout stage
+    simulates with any coordination. Several get a fleet each under one policy, trainer and weights version, which
+    the simulator models only uncoordinated and single-turn, with one sync and one profile; anything else would be
+    simulated otherwise than declared, so `rlflow simulate` refuses it."""
+    names = rollout_order(plan)
+    if len(names) < 2:
+        return None
+    why = []
+    if (plan["pipeline"]["workload"].get("turns") or 1) > 1:
+        why.append(f"workload.turns is {plan['pipeline']['workload']['turns']} (multi-turn episodes)")
+    syncs, profiles = {}, {}
+    for name in names:
+        stage, pc = plan["pipeline"]["stages"][name], stage_coordination(plan, name)
+        if not pc.vanilla or pc.skew_aware:
+            why.append(f"{name} is coordinated (routing {pc.routing}, migration {pc.migration}, sync {pc.sync}, "
+                       f"dispatch {pc.dispatch['kind']})")
+        if stage.get("elastic"):
+            why.append(f"{name} is elastic")
+        if stage.get("env") and stage.get("max_turns", 1) > 1:
+            why.append(f"{name} runs multi-turn episodes (env {stage['env']!r}, max_turns {stage['max_turns']})")
+        syncs[name] = f"{pc.sync}{'' if pc.partial_rollout else ' without partial rollout'}"
+        if pc.profile:
+            profiles[name] = pc.profile
+    if len(set(syncs.values())) > 1:
+        why.append("their weight syncs differ (" + ", ".join(f"{n}: {s}" for n, s in syncs.items()) + ")")
+    if len(set(profiles.values())) > 1:
+        why.append("they name different cost-model profiles (" + ", ".join(f"{n}: {p}" for n, p in profiles.items()) + ")")
+    if why:
+        return (f"this plan has {len(names)} rollout stages ({', '.join(names)}), which the simulator runs only "
+                f"uncoordinated, single-turn, with one weight sync and one profile; here " + "; ".join(why))
     return None
 
 
+def plan_rollouts(plan: dict) -> list[tuple[str, dict]]:
+    """Every rollout stage of the plan and its settings, in the order `rlflow run` serves their fleets."""
+    stages = plan["pipeline"]["stages"]
+    return [(name, stages[name]) for name in rollout_order(plan)]
+
+
 def plan_rollout(plan: dict) -> tuple[str, dict]:
-    """The plan's rollout stage: the one the simulator runs."""
-    why = not_simulable(plan)
-    if why:
-        raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
-    name = rollout_stages(plan)[0]
-    return name, plan["pipeline"]["stages"][name]
+    """A single-stage plan's rollout stage (ValueError for several: use plan_rollouts)."""
+    rollouts = plan_rollouts(plan)
+    if len(rollouts) > 1:
+        raise ValueError(f"this plan has {len(rollouts)} rollout stages ({', '.join(n for n, _ in rollouts)}), where one "
+                         f"is expected (plan_rollouts gives them all) [{ONE_STAGE_RULE}]")
+    return rollouts[0]
 
 
 def plan_coordination(plan: dict) -> PlanCoordination:
-    """The coordination of the plan's rollout stage (the one the simulator runs)."""
+    """The coordination of a single-stage plan's rollout stage."""
     return stage_coordination(plan, plan_rollout(plan)[0])
 
 
@@ -90,16 +120,55 @@ def _elastic(rollout: dict) -> dict:
     return {"elastic_min": e["min_replicas"], "elastic_max": e["max_replicas"], "elastic_window": e["window_steps"]}
 
 
-def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | None = None,
+def stage_lengths(w: dict, name: str, rollout: dict) -> LengthSpec:
+    """A rollout stage's response lengths: workload.stages.<name>'s, else the workload block's; the cap else the
+    stage's max_new_tokens."""
+    own = (w.get("stages") or {}).get(name) or {}
+    mean, tailness = (own.get(k) if own.get(k) is not None else w[k] for k in ("mean_length", "tailness"))
+    cap = own.get("length_cap") or w["length_cap"] or rollout["max_new_tokens"]
+    return LengthSpec(kind="lognormal" if tailness > 0 else "fixed", mean=mean, tailness=tailness, cap=cap)
+
+
+def instance_counts(rollouts: list[tuple[str, dict]], instances: int | dict[str, int] | None) -> list[int]:
+    """Instances per rollout stage: `instances` (an int for a single-stage plan, or stage name -> count), else the
+    stage's replicas."""
+    names = [name for name, _ in rollouts]
+    if isinstance(instances, dict):
+        unknown = sorted(set(instances) - set(names))
+        if unknown:
+            raise ValueError(f"instances: no rollout stage {', '.join(map(repr, unknown))}; the plan's rollout stages "
+                             f"are {', '.join(names)}")
+        return [instances.get(name) or rollout["replicas"] for name, rollout in rollouts]
+    if instances and len(rollouts) > 1:
+        raise ValueError(f"instances: one count for {len(names)} rollout stages ({', '.join(names)}); pass a dict "
+                         "(stage name -> instances) or use --set stages.<name>.replicas=N")
+    return [instances] if instances else [rollout["replicas"] for _, rollout in rollouts]
+
+
+def _decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: LengthSpec, instances: int,
+                 prompt_tokens: int) -> float:
+    """Decode tokens/s of a stage's full fleet: each instance running as many samples as it may."""
+    n = min(prof.max_running, rollout["max_running"], batch_groups * rollout["group_size"])
+    held = n * (prompt_tokens + expected_length(lengths) / 2)
+    return instances * n / prof.step_latency(prof.k5 * held, n)
+
+
+def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | dict[str, int] | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
                seed: int | None = None, scale: tuple = ()) -> tuple[SimConfig, list[str]]:
-    """The simulation of `plan`, and notes on what was assumed. scale: ((after_step, instances), ...), what
-    `rlflow scale` would ask of an elastic stage during the run."""
+    """The simulation of `plan`, and notes on what was assumed. instances: an int (single-stage plans), or rollout
+    stage name -> instances; default each stage's replicas. scale: ((after_step, instances), ...), what `rlflow
+    scale` would ask of an elastic stage during the run. Several rollout stages: one fleet each (cost_model mode)."""
     notes: list[str] = []
-    _, rollout = plan_rollout(plan)
+    why = not_simulable(plan)
+    if why:
+        raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
+    rollouts = plan_rollouts(plan)
+    counts = instance_counts(rollouts, instances)
+    name, rollout = rollouts[0]
     w = plan["pipeline"]["workload"]
     control = plan["control"]["staleness"]
-    pc = plan_coordination(plan)
+    pc = stage_coordination(plan, name)
     sync, dispatch = pc.sync, pc.dispatch
     coordination = dict(routing=pc.routing, migration=pc.migration, coordinator_interval_s=pc.interval_s,
                         mu=pc.mu, phi_wait=pc.phi_wait, phi_throughput=pc.phi_throughput)
@@ -107,17 +176,23 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
     if pc.skew_aware:
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
                             ranker="oracle" if ranker == "oracle" else "noisy")
-    cap = w["length_cap"] or rollout["max_new_tokens"]
-    lengths = LengthSpec(kind="lognormal" if w["tailness"] > 0 else "fixed", mean=w["mean_length"],
-                         tailness=w["tailness"], cap=cap)
-    profile = profile or pc.profile
+    lengths = stage_lengths(w, name, rollout)
+    named = [p for p in (stage_coordination(plan, n).profile for n, _ in rollouts) if p]  # one, not_simulable checked
+    if not profile and named:
+        profile = named[0]
+        if len(named) < len(rollouts):
+            notes.append(f"the cost-model profile {profile}, named by {len(named)} of {len(rollouts)} rollout stages, "
+                         "is used for all of them")
     if mode is None:
-        mode = "slots" if (w["rollout_tokens_per_s"] and not profile) else "cost_model"
-    instances = instances or rollout["replicas"]
+        mode = "slots" if (w["rollout_tokens_per_s"] and not profile and len(rollouts) == 1) else "cost_model"
+    if mode == "slots" and len(rollouts) > 1:
+        raise ValueError(f"slots mode models one pool of slots; a plan with {len(rollouts)} rollout stages simulates in "
+                         "cost_model mode (leave --mode out)")
+    instances = counts[0]
     common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control["batch_size"],
                   policy=control["kind"], eta=control["eta"], capacity=control["capacity"],
                   batch_redundancy=control["batch_redundancy"], steps=steps, warmup_steps=min(10, steps // 5),
-                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens,
+                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
                   **episodes(rollout, w, notes))
     if mode == "slots":
         if not w["rollout_tokens_per_s"]:
@@ -132,20 +207,25 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
                          partial_rollout=True)
         v_r = w["rollout_tokens_per_s"]
     else:
-        prof = load_profile(profile, notes)
+        prof = base = load_profile(profile, notes)
         if rollout["max_running"] < prof.max_running:  # the stage's cap binds, as in the runtime's coordinator
             prof = replace(prof, max_running=rollout["max_running"])
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
-        n = min(prof.max_running, rollout["max_running"], control["batch_size"] * rollout["group_size"])
-        held = n * (prompt_tokens + expected_length(lengths) / 2)
-        v_r = instances * n / prof.step_latency(prof.k5 * held, n)  # decode tokens/s of a full fleet
+        v_r = _decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)
+        stages = []
+        for (other, stage), n in zip(rollouts[1:], counts[1:]):
+            stage_prof = replace(base, max_running=min(base.max_running, stage["max_running"]))
+            stages.append(StageSim(other, n, stage_lengths(w, other, stage), stage["group_size"], stage_prof.max_running))
+            v_r += _decode_rate(stage_prof, stage, control["batch_size"], stages[-1].lengths, n, prompt_tokens)
+        config_kw["stages"] = tuple(stages)
     v_t = train_tokens_per_s or w["train_tokens_per_s"]
     if v_t is None:
         v_t = v_r
-        notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s); "
-                     "set workload.train_tokens_per_s or --train-tokens-per-s")
+        notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s"
+                     + (f", summed over {len(rollouts)} rollout stages" if len(rollouts) > 1 else "")
+                     + "); set workload.train_tokens_per_s or --train-tokens-per-s")
     trainer = TrainerModel(s_per_token=1.0 / v_t)
     return SimConfig(**config_kw, trainer=trainer, **common), notes

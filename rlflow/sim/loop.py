@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
+from dataclasses import replace
 from itertools import count
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from rlflow.operators.policy import InvariantViolation, StalenessPolicy
 from rlflow.operators.policy_kinds import make_policy
 from rlflow.sim.config import SimConfig, SimConfigError
-from rlflow.sim.fleet import CoordinatedFleet, Fleet
+from rlflow.sim.fleet import CoordinatedFleet, Fleet, Fleets
 from rlflow.sim.lengths import LengthSampler, expected_length
 from rlflow.sim.result import SimResult, Timeline
 from rlflow.sim.slots import SlotPool, closed_form_prediction
@@ -51,14 +52,20 @@ class Simulation:
         self.cfg = config
         self.policy = policy if policy is not None else build_policy(config)
         self.sampler = LengthSampler(config.lengths, np.random.default_rng(config.seed))
+        # per rollout stage (index 0: the first, described by the top-level fields); later stages draw from streams
+        # of their own, so adding a stage leaves the first stage's lengths as they were
+        self.samplers = [self.sampler] + [LengthSampler(s.lengths, np.random.default_rng([config.seed, i]))
+                                          for i, s in enumerate(config.stages, 1)]
+        self._group_sizes = [config.group_size] + [s.group_size for s in config.stages]
         self._env_rng = random.Random(f"env-latency/{config.seed}")  # own stream: lengths do not move with turns
         self._check_lengths_fit()
         self.now = 0.0
         self.weights = 0  # latest published weights version (train steps finished)
         self.state_epoch = 0  # bumped on every policy or trajectory-server change
         self.ts = CoordinatedTS() if config.coordinated else TrajectoryServer()
+        self.tss = [self.ts] + [TrajectoryServer() for _ in config.stages]  # each stage's own samples waiting
         self.groups: dict[int, Group] = {}  # admitted, not yet consumed / dropped / aborted
-        self.timeline = Timeline(config.instances)
+        self.timeline = Timeline(sum(s.instances for s in config.rollouts))
         self._heap: list = []
         self._seq = count()
         self._gids = count()
@@ -81,6 +88,10 @@ class Simulation:
         self._trained_lengths: list[int] = []
         self._sampled_lengths: list[int] = []
         self._train_steps: list[tuple[float, float]] = []
+        # several rollout stages: per stage, trained samples / tokens / length sum / longest length after warm-up, and
+        # each fleet's (busy, unit) instance-seconds at the end of warm-up
+        self._stage_trained = [[0, 0, 0, 0] for _ in config.rollouts] if config.stages else None
+        self._stage_at_warm = [(0.0, 0.0)] * len(config.rollouts)  # warm-up 0: the window starts at 0
         self.env_waiting = 0  # samples between turns, waiting on their environment
         self.env_steps = 0  # environment steps started (whole run)
         self._env_area = 0.0  # integral of env_waiting over time
@@ -97,14 +108,29 @@ class Simulation:
             self.rollout = Fleet(
                 self, config.instances, config.profile, config.prompt_tokens, config.weight_sync, config.partial_rollout
             )
+            if config.stages:
+                self.rollout = Fleets([self.rollout] + self._stage_fleets())
+
+    def _stage_fleets(self) -> list[Fleet]:
+        """One fleet per rollout stage after the first; instance idx continue where the previous fleet's end."""
+        cfg = self.cfg
+        fleets, first = [], cfg.instances
+        for i, s in enumerate(cfg.stages, 1):
+            profile = cfg.profile if s.max_running is None else replace(cfg.profile, max_running=s.max_running)
+            fleets.append(Fleet(self, s.instances, profile, cfg.prompt_tokens, cfg.weight_sync, cfg.partial_rollout,
+                                stage=i, first=first))
+            first += s.instances
+        return fleets
 
     # -- what engines call ------------------------------------------------------------------------
     def schedule(self, t: float, fn, arg) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
 
-    def next_sample(self, version: int) -> Sample | None:
-        """A sample that weights `version` may generate: a routable one, or the first of a newly admitted group."""
-        sample = self.ts.take(version)
+    def next_sample(self, version: int, stage: int = 0) -> Sample | None:
+        """A sample of rollout stage `stage` that weights `version` may generate: a routable one, or the first of a
+        newly admitted group."""
+        ts = self.tss[stage]
+        sample = ts.take(version)
         if sample is not None:
             return sample
         if not self._verify(version):
@@ -112,15 +138,16 @@ class Simulation:
         gid = next(self._gids)
         self.policy.reserve(gid, version)
         self.state_epoch += 1
-        group = self.new_group(gid, version)
+        group = self.new_group(gid, version, stage)
         self.groups[gid] = group
-        self.ts.put(group)
-        return self.ts.take(version)
+        ts.put(group)
+        return ts.take(version)
 
-    def new_group(self, gid: int, version: int | None) -> Group:
-        """The S samples of a fresh prompt, lengths drawn."""
+    def new_group(self, gid: int, version: int | None, stage: int = 0) -> Group:
+        """The S samples of a fresh prompt of rollout stage `stage`, lengths drawn from that stage's distribution."""
         cfg = self.cfg
-        return Group(gid, version, self.sampler.draw(cfg.group_size), cfg.prompt_tokens, cfg.turns)
+        return Group(gid, version, self.samplers[stage].draw(self._group_sizes[stage]), cfg.prompt_tokens, cfg.turns,
+                     stage)
 
     def env_step(self, sample: Sample, done) -> None:
         """`sample` ended a turn (not its last) and left its engine: `done(sample)` runs when its environment
@@ -142,9 +169,9 @@ class Simulation:
         self._env_t = self.now
         self.env_waiting += delta
 
-    def can_route(self, version: int) -> bool:
-        """Would next_sample(version) return work (no side effects)?"""
-        return self.ts.has(version) or self._verify(version)
+    def can_route(self, version: int, stage: int = 0) -> bool:
+        """Would next_sample(version, stage) return work (no side effects)?"""
+        return self.tss[stage].has(version) or self._verify(version)
 
     def sample_done(self, sample: Sample) -> None:
         if self._in_window:
@@ -164,7 +191,7 @@ class Simulation:
         for entry in entries:
             group = self.groups.pop(entry.gid, None)
             if group is not None and group.remaining:
-                self.ts.discard(group)
+                self.tss[group.stage].discard(group)
                 self.rollout.abort(group)
 
     # -- trainer ----------------------------------------------------------------------------------
@@ -179,6 +206,7 @@ class Simulation:
         self._forget(batch.dropped)
         tokens = 0
         lengths: list[int] = []
+        groups = []
         for entry in batch.entries:
             group = self.groups.pop(entry.gid, None)
             if group is None or group.remaining:
@@ -187,8 +215,11 @@ class Simulation:
                 )
             lengths.extend(group.lengths)
             tokens += sum(group.lengths) + self.cfg.prompt_tokens * len(group.lengths)
+            groups.append(group)
         duration = self.cfg.trainer.step_time(tokens)
         if step >= self.cfg.warmup_steps:
+            if self._stage_trained is not None:
+                self._count_stages(groups)
             staleness = batch.staleness()
             self._staleness.extend(staleness)
             self._step_max.append(max(staleness, default=0))
@@ -200,6 +231,16 @@ class Simulation:
         self._train_steps.append((self.now, self.now + duration))
         self.schedule(self.now + duration, self._on_train_end, step)
 
+    def _count_stages(self, groups: list[Group]) -> None:
+        prompt = self.cfg.prompt_tokens
+        for group in groups:
+            counts = self._stage_trained[group.stage]
+            n, total = len(group.lengths), sum(group.lengths)
+            counts[0] += n
+            counts[1] += total + prompt * n
+            counts[2] += total
+            counts[3] = max(counts[3], max(group.lengths))
+
     def _on_train_end(self, step: int) -> None:
         self._training = False
         self._steps_done += 1
@@ -209,6 +250,8 @@ class Simulation:
             self._t_warm = self.now
             self._busy_at_warm = self.rollout.busy_time(self.now)
             self._units_at_warm = self.rollout.unit_time(self.now)
+            if self.cfg.stages:
+                self._stage_at_warm = [(f.busy_time(self.now), f.unit_time(self.now)) for f in self.rollout.fleets]
             self._env_count(0)
             self._env_area_at_warm = self._env_area
         if self._steps_done == self.cfg.steps:
@@ -259,13 +302,15 @@ class Simulation:
         return ok
 
     def _check_lengths_fit(self) -> None:
-        longest = self.sampler.max_length
-        if self.cfg.mode == "cost_model" and longest is not None:
-            if longest + self.cfg.prompt_tokens > self.cfg.profile.kv_tokens:
-                raise SimConfigError(
-                    f"lengths: a {longest}-token response after a {self.cfg.prompt_tokens}-token prompt cannot fit"
-                    f" the KV budget of {self.cfg.profile.kv_tokens:.0f} tokens"
-                )
+        for i, (sampler, stage) in enumerate(zip(self.samplers, self.cfg.rollouts)):
+            longest = sampler.max_length
+            if self.cfg.mode == "cost_model" and longest is not None:
+                if longest + self.cfg.prompt_tokens > self.cfg.profile.kv_tokens:
+                    where = f"stages.{stage.name}.lengths" if i else "lengths"
+                    raise SimConfigError(
+                        f"{where}: a {longest}-token response after a {self.cfg.prompt_tokens}-token prompt cannot fit"
+                        f" the KV budget of {self.cfg.profile.kv_tokens:.0f} tokens"
+                    )
 
     def _stall_report(self, why: str) -> str:
         c = self.policy.counters
@@ -280,9 +325,11 @@ class Simulation:
         end = self.now
         window = max(end - self._t_warm, 1e-12)
         busy = self.rollout.busy_time(end) - self._busy_at_warm
+        rollout_idle = max(0.0, 1 - busy / max(self.rollout.unit_time(end) - self._units_at_warm, 1e-12))
         times, running = self.timeline.resample(end, cfg.timeline_points)
         c = self.policy.counters
         self._env_count(0)
+        stages = self._stage_results(end, rollout_idle)
         return SimResult(
             policy=cfg.policy,
             mode=cfg.mode,
@@ -297,9 +344,9 @@ class Simulation:
             step_max_staleness=self._step_max,
             trained_lengths=self._trained_lengths,
             sampled_lengths=self._sampled_lengths,
-            expected_length=expected_length(cfg.lengths),
+            expected_length=self._expected_length(stages),
             trainer_idle_ratio=max(0.0, 1 - self._train_busy / window),
-            rollout_idle_ratio=max(0.0, 1 - busy / max(self.rollout.unit_time(end) - self._units_at_warm, 1e-12)),
+            rollout_idle_ratio=rollout_idle,
             consumed=c.consumed,
             dropped=c.dropped,
             aborted=c.aborted,
@@ -316,7 +363,44 @@ class Simulation:
             env_steps=self.env_steps,
             mean_env_waiting=(self._env_area - self._env_area_at_warm) / window,
             scale_events=self.scale_events,
+            stages=stages,
         )
+
+    def _stage_results(self, end: float, rollout_idle: float) -> dict[str, dict]:
+        """Per rollout stage, in order: instances, what it contributed to training after warm-up, its rollout idle
+        ratio and E[L]."""
+        cfg = self.cfg
+        if self._stage_trained is None:  # one stage: the run's own numbers
+            counts = [[self._trained_samples, self._trained_tokens, sum(self._trained_lengths),
+                       max(self._trained_lengths, default=0)]]
+            idle = [rollout_idle]
+        else:
+            counts = self._stage_trained
+            idle = []
+            for fleet, (busy0, units0) in zip(self.rollout.fleets, self._stage_at_warm):
+                busy, units = fleet.busy_time(end) - busy0, fleet.unit_time(end) - units0
+                idle.append(max(0.0, 1 - busy / max(units, 1e-12)))
+        total = sum(c[0] for c in counts)
+        out = {}
+        for stage, (n, tokens, length_sum, longest), stage_idle in zip(cfg.rollouts, counts, idle):
+            out[stage.name] = {
+                "instances": stage.instances,
+                "trained_samples": n,
+                "trained_tokens": tokens,
+                "trained_share": n / total if total else float("nan"),
+                "mean_trained_length": length_sum / n if n else float("nan"),
+                "max_trained_length": longest,
+                "expected_length": expected_length(stage.lengths),
+                "rollout_idle_ratio": stage_idle,
+            }
+        return out
+
+    @staticmethod
+    def _expected_length(stages: dict[str, dict]) -> float:
+        """E[L]; with several rollout stages, their E[L] weighted by their trained shares."""
+        if len(stages) == 1:
+            return next(iter(stages.values()))["expected_length"]
+        return sum(s["trained_share"] * s["expected_length"] for s in stages.values())
 
 
 def simulate(config: SimConfig, policy: StalenessPolicy | None = None) -> SimResult:

@@ -33,6 +33,8 @@ def text_report(result: SimResult) -> str:
          f" (bias {r.length_bias:+.1%}; E[L] {r.expected_length:,.1f})"),
         ("idle trainer / rollout", f"{r.trainer_idle_ratio:.1%} / {r.rollout_idle_ratio:.1%}"),
     ]
+    if len(r.stages) > 1:
+        rows += [(f"stage {name}", _stage_line(s)) for name, s in r.stages.items()]
     if r.turns > 1:
         rows.append(("turns / env steps", f"{r.turns} / {r.env_steps:,}; {r.mean_env_waiting:,.1f} samples on an environment (mean)"))
     rows += [
@@ -42,6 +44,13 @@ def text_report(result: SimResult) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _stage_line(s: dict) -> str:
+    """One rollout stage's share of the training and of the rollout's idle time."""
+    return (f"{s['instances']} instance(s); trained {s['trained_samples']:,} samples ({s['trained_share']:.1%}), "
+            f"{s['trained_tokens']:,.0f} tokens, length {s['mean_trained_length']:,.1f} (max {s['max_trained_length']:,}, "
+            f"E[L] {s['expected_length']:,.1f}); rollout idle {s['rollout_idle_ratio']:.1%}")
 
 
 def plot_report(result: SimResult, path: str | Path) -> Path:

@@ -64,7 +64,7 @@ class SimResult:
     step_max_staleness: list[int]  # per step after warm-up
     trained_lengths: list[int]  # response lengths of trained samples after warm-up
     sampled_lengths: list[int]  # response lengths of all samples completed in the window
-    expected_length: float  # E[L] of the length distribution
+    expected_length: float  # E[L] of the length distribution (several rollout stages: weighted by their trained shares)
     trainer_idle_ratio: float
     rollout_idle_ratio: float  # unit-time (slots or instances) with nothing to do
     consumed: int
@@ -83,6 +83,9 @@ class SimResult:
     env_steps: int = 0  # environment steps taken between turns (whole run)
     mean_env_waiting: float = 0.0  # samples waiting on an environment, time-averaged over the window
     scale_events: list = field(default_factory=list)  # elastic: (sim seconds, steps ended, serving instances, why)
+    # per rollout stage, in order: instances, trained_samples, trained_tokens, trained_share (of trained samples),
+    # mean_trained_length, max_trained_length, expected_length, rollout_idle_ratio (training counts after warm-up)
+    stages: dict[str, dict] = field(default_factory=dict)
 
     @property
     def mean_staleness(self) -> float:
@@ -110,7 +113,7 @@ class SimResult:
         return self.mean_trained_length / self.mean_sampled_length - 1
 
     def summary(self) -> dict:
-        """Scalars only, for tables and tracking."""
+        """Scalars only, for tables and tracking; with several rollout stages, also `stages` (scalars per stage)."""
         out = {
             "policy": self.policy,
             "mode": self.mode,
@@ -138,4 +141,6 @@ class SimResult:
             out["predicted_mean_staleness"] = self.predicted.mean
         if self.turns > 1:
             out.update(turns=self.turns, env_steps=self.env_steps, mean_env_waiting=self.mean_env_waiting)
+        if len(self.stages) > 1:
+            out["stages"] = {name: dict(stats) for name, stats in self.stages.items()}
         return out

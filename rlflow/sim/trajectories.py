@@ -15,10 +15,11 @@ from rlflow.operators.routing import MLQ
 class Group:
     """The S samples of one prompt; admitted with V_traj = `version`, occupied with the min member version."""
 
-    __slots__ = ("gid", "lengths", "min_version", "remaining", "samples", "version")
+    __slots__ = ("gid", "lengths", "min_version", "remaining", "samples", "stage", "version")
 
-    def __init__(self, gid: int, version: int, lengths: list[int], prompt: int, turns: int = 1):
+    def __init__(self, gid: int, version: int, lengths: list[int], prompt: int, turns: int = 1, stage: int = 0):
         self.gid = gid
+        self.stage = stage  # index of the rollout stage that generates it (0: the first); its samples run on that fleet
         self.version = version  # reserved V_traj (weights of the unit that admitted it); None until reserved (coordinated TS)
         self.lengths = lengths
         self.remaining = len(lengths)

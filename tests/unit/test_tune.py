@@ -1,4 +1,4 @@
-"""`rlflow tune` (rlflow/tune.py): closed-form pruning, simulated ranking, the Pareto front and the choice."""
+"""`rlflow tune` (rlflow/tune.py, rlflow/tune_report.py): closed-form pruning, simulated ranking, the Pareto front and the choice."""
 
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ import pytest
 from rlflow.cli import main
 from rlflow.compiler import compile_pipeline
 from rlflow.stages import smollm2
-from rlflow.tune import Candidate, choose, overrides, simulate_point, split_grid, tune
+from rlflow.tune import MIX_TOLERANCE, Candidate, _divide, simulate_point, split_grid, tune
+from rlflow.tune_report import choose, overrides
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE4 = str(REPO / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
 AT_SCALE = ["stages.buffer.batch_groups=32", "stages.rollout.group_size=8", "stages.rollout.max_running=256"]
+
+
+def test_instances_are_divided_between_stages_in_proportion_at_least_one_each():
+    assert _divide(8, [1, 1]) == (4, 4) and _divide(5, [1, 1]) == (3, 2) and _divide(2, [3, 1]) == (1, 1)
+    for k in range(3, 40):
+        for w in ([1, 2], [5, 1, 1], [2, 2, 3]):
+            d = _divide(k, w)
+            assert sum(d) == k and min(d) >= 1
+            assert all(abs(x - 1 - (k - len(w)) * wi / sum(w)) < 1 for x, wi in zip(d, w))  # within one of exact
 
 
 def test_split_grid_is_whole_instances_and_bounded():
@@ -108,7 +118,7 @@ def test_a_lead_seen_on_one_seed_only_is_not_recommended(monkeypatch):
         if config.instances == 3 and config.eta == 2:  # the lucky point: 6 rollout GPUs, eta 2
             tokens = {0: 110.0, 1: 80.0}[config.seed]
         return SimpleNamespace(trained_tokens_per_s=tokens, mean_staleness=config.eta - 0.5, max_staleness=config.eta,
-                               rollout_idle_ratio=0.0, trainer_idle_ratio=0.0)
+                               rollout_idle_ratio=0.0, trainer_idle_ratio=0.0, stages={}, events=config.steps)
 
     monkeypatch.setattr("rlflow.sim.simulate", fake)
     plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
@@ -118,7 +128,7 @@ def test_a_lead_seen_on_one_seed_only_is_not_recommended(monkeypatch):
     assert best is not lucky and best.shipped and best.result["tokens_per_s"] == 100.0
     assert lucky.screen["tokens_per_s"] == 110.0  # the lucky screen earned it a confirmation...
     assert [r["tokens_per_s"] for r in lucky.runs] == [110.0, 80.0] and lucky.result["tokens_per_s"] == 95.0
-    screened_only = [c for c in candidates if c.screen and not c.runs]
+    screened_only = [c for c in candidates if c.screen and len(c.runs) < 2]  # a full-length screen is one run
     assert screened_only and all(c is not best for c in screened_only)  # unconfirmed points are not eligible
 
 
@@ -129,7 +139,7 @@ def test_screening_is_short_and_only_contenders_run_full_length(monkeypatch):
     def fake(config, policy=None):
         calls.append((config.instances, config.eta, config.steps, config.seed))
         return SimpleNamespace(trained_tokens_per_s=10.0 * config.instances + config.eta, mean_staleness=1.0,
-                               max_staleness=min(config.eta, 2), rollout_idle_ratio=0.0, trainer_idle_ratio=0.0)
+                               max_staleness=min(config.eta, 2), rollout_idle_ratio=0.0, trainer_idle_ratio=0.0, stages={}, events=config.steps)
 
     monkeypatch.setattr("rlflow.sim.simulate", fake)
     plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
@@ -144,6 +154,30 @@ def test_screening_is_short_and_only_contenders_run_full_length(monkeypatch):
     assert best.runs and best.result["max_staleness"] <= 2 and best.instances == 7  # fastest within eta 2
 
 
+def test_a_screen_that_costs_most_of_a_full_run_is_run_at_full_length(monkeypatch):
+    """When the shipped point's short run took as many events as a full one (a warm-up dominates), screens run at full
+    length with seed 0 and are the contenders' first seed: each contender then needs one more run, not two."""
+    calls = []
+
+    def fake(config, policy=None):
+        calls.append((config.instances, config.eta, config.steps, config.seed))
+        return SimpleNamespace(trained_tokens_per_s=10.0 * config.instances + config.eta, mean_staleness=1.0,
+                               max_staleness=min(config.eta, 2), rollout_idle_ratio=0.0, trainer_idle_ratio=0.0,
+                               stages={}, events=1000 + config.steps)
+
+    monkeypatch.setattr("rlflow.sim.simulate", fake)
+    plan = compile_pipeline(REPO / "pipelines" / "bounded_async.yaml")
+    lines = []
+    candidates, _ = tune(plan, gpus=16, steps=30, profile=TABLE4, per_instance=2, progress=lines.append)
+    assert any("screening at full length" in line for line in lines)
+    assert [c for c in calls if c[2] == 10] == [(4, 2, 10, 0)]  # only the shipped point's short run, before it knew
+    contenders = [c for c in candidates if len(c.runs) == 2 and not c.shipped]
+    assert len(contenders) == 3 and all(c.screen is c.runs[0] for c in contenders)
+    assert sorted(c for c in calls if c[3] == 1) == sorted((c.instances, c.knob, 30, 1) for c in candidates
+                                                            if len(c.runs) == 2)
+    assert choose(candidates).instances == 7
+
+
 @pytest.mark.parametrize("name", [pytest.param(p.stem, marks=pytest.mark.skipif(
     p.stem == "smollm2" and bool(smollm2.missing()), reason=f"needs {', '.join(smollm2.NEEDS)}: {smollm2.INSTALL}"))
     for p in sorted((REPO / "pipelines").glob("*.yaml"))])
@@ -152,10 +186,6 @@ def test_every_shipped_pipeline_tunes_to_at_least_its_shipped_setting(name):
     rule) within the shipped max staleness, and compiles."""
     path = REPO / "pipelines" / f"{name}.yaml"
     plan = compile_pipeline(path)
-    if name == "mixed":  # two rollout stages: refused by name, not tuned on the first alone
-        with pytest.raises(ValueError, match="sim-one-rollout-stage"):
-            tune(plan, gpus=16, steps=10, profile=TABLE4, per_instance=2, progress=lambda *a: None)
-        return
     candidates, _ = tune(plan, gpus=16, steps=10, profile=TABLE4, per_instance=2, progress=lambda *a: None)
     (shipped,) = [c for c in candidates if c.shipped]
     best = choose(candidates)
@@ -186,17 +216,44 @@ def test_batch_sizes_are_searched_only_when_asked_and_the_choice_sets_the_buffer
     assert rc == 2 and "--batch-sizes" in err and "Traceback" not in err
 
 
-def test_a_plan_with_two_rollout_stages_is_refused_not_simulated_in_part(capsys, tmp_path, monkeypatch):
-    """mixed.yaml has two rollout stages; the simulator models one, so tune and simulate exit 2 with the rule."""
-    rc = main(["tune", str(REPO / "pipelines" / "mixed.yaml"), "--gpus", "16", "--profile", TABLE4])
-    err = capsys.readouterr().err
-    assert rc == 2 and "[sim-one-rollout-stage]" in err and "gen_arith, gen_repeat" in err and "Traceback" not in err
-    monkeypatch.chdir(tmp_path)
-    assert main(["compile", str(REPO / "pipelines" / "mixed.yaml")]) == 0
-    capsys.readouterr()
-    assert main(["simulate", "--steps", "4"]) == 2
-    err = capsys.readouterr().err
-    assert "[sim-one-rollout-stage]" in err and "Traceback" not in err
+def test_two_rollout_stages_get_instances_each_and_keep_their_task_mix(capsys):
+    """mixed.yaml: each rollout stage gets whole instances (the plan's proportions by default, then moved between
+    stages); the recommendation sets every stage's replicas and compiles; no eligible point trains a task mix more
+    than MIX_TOLERANCE away from the shipped one."""
+    plan = compile_pipeline(REPO / "pipelines" / "mixed.yaml", ["stages.buffer.batch_groups=32",
+                                                                "stages.gen_arith.max_running=256",
+                                                                "stages.gen_repeat.max_running=256"])
+    lines = []
+    candidates, _ = tune(plan, gpus=32, steps=9, profile=TABLE4, per_instance=2, progress=lines.append)
+    assert all(len(c.stages) == 2 and sum(c.stages) == c.instances and min(c.stages) >= 1 for c in candidates)
+    (shipped,) = [c for c in candidates if c.shipped]
+    assert shipped.stages == (4, 4) and set(shipped.result["shares"]) == {"gen_arith", "gen_repeat"}
+    assert any(c.screen and c.stages != _divide(c.instances, [1, 1]) for c in candidates)  # moved between stages
+    best = choose(candidates)
+    for c in candidates:
+        if c.result and len(c.runs) == 2:
+            off = max(abs(c.result["shares"][n] - shipped.result["shares"][n]) for n in ("gen_arith", "gen_repeat"))
+            assert c is not best or off <= MIX_TOLERANCE
+    sets = overrides(plan, best)
+    assert f"stages.gen_arith.replicas={best.stages[0]}" in sets and f"stages.gen_repeat.replicas={best.stages[1]}" in sets
+    tuned = compile_pipeline(REPO / "pipelines" / "mixed.yaml", sets)
+    assert [tuned["pipeline"]["stages"][n]["replicas"] for n in ("gen_arith", "gen_repeat")] == list(best.stages)
+    assert main(["tune", str(REPO / "pipelines" / "mixed.yaml"), "--gpus", "8", "--steps", "6", "--profile", TABLE4,
+                 "--gpus-per-instance", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "trained mix" in out and "per rollout stage" in out and "--set stages.gen_repeat.replicas=" in out
+
+
+def test_a_faster_point_that_trains_another_task_mix_is_not_recommended():
+    """Two stages: the fastest confirmed point shifted the mix 10 points toward one stage; the shipped one wins."""
+    def point(shipped: bool, tokens: float, arith: float) -> Candidate:
+        r = {"tokens_per_s": tokens, "mean_staleness": 1.0, "max_staleness": 1, "rollout_idle": 0.0,
+             "trainer_idle": 0.0, "peak_queued": 0, "shares": {"a": arith, "b": 1 - arith}}
+        return Candidate(8, 8, 4, 1, shipped=shipped, stages=(2, 2), result=r, runs=[r, r])
+
+    shipped, shifted, close = point(True, 100.0, 0.5), point(False, 130.0, 0.4), point(False, 110.0, 0.53)
+    assert choose([shipped, shifted]) is shipped
+    assert choose([shipped, shifted, close]) is close
 
 
 def test_a_queue_run_that_never_filled_answers_exactly_for_the_capacities_it_never_reached():
@@ -208,8 +265,9 @@ def test_a_queue_run_that_never_filled_answers_exactly_for_the_capacities_it_nev
     candidates, _ = tune(plan, gpus=16, steps=9, profile=TABLE4, per_instance=2, progress=lines.append)
     assert any("ran identically" in line for line in lines)  # some points were reused...
     checked = overflowed = 0
+    screen = 9 if any("screening at full length" in line for line in lines) else 5
     for c in candidates:
-        for r, n, s in ([(c.screen, 5, 0)] if c.screen else []) + [(r, 9, i) for i, r in enumerate(c.runs)]:
+        for r, n, s in ([(c.screen, screen, 0)] if c.screen else []) + [(r, 9, i) for i, r in enumerate(c.runs)]:
             assert simulate_point(plan, "capacity", c.knob, c.instances, TABLE4, c.train_tokens_per_s, n, s) == r, c
             checked += 1
             overflowed += r["peak_queued"] > c.knob
