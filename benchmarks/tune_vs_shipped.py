@@ -180,7 +180,8 @@ def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total:
         + ("Response lengths: each pipeline's own workload block (8-48 tokens: the tiny model's budgets)."
            if args.workload == "pipeline" else
            "Response lengths: StaleFlow's (`--set workload.mean_length=4096 --set workload.tailness=60 --set"
-           " workload.length_cap=20480`: lognormal, capped at 20,480), as in benchmarks/sim_speed.py.")
+           " workload.length_cap=20480`: lognormal, capped at 20,480), as in benchmarks/sim_speed.py; mixed.yaml's"
+           " stages keep their shape: gen_repeat StaleFlow's, gen_arith (no tail) fixed at 1,024, capped at 2,048.")
         + " Everything else is the pipeline's own (policy, eta / capacity, coordination). Trainer speed: the tuner's"
         " assumption (balances an even split at full load; linear in GPUs). Steps: simulated training steps per"
         f" confirmed candidate: {args.steps} at 64 GPUs, {args.steps_1024} at 1,024 GPUs (fewer, to keep the wall time"
