@@ -245,24 +245,26 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     with _Workers(jobs) as workers:
         (shipped,) = [c for c in candidates if c.shipped]
         # every seed of the shipped setting at once: all of them are needed, and they keep both workers busy
-        run([(shipped, steps, s) for s in range(seed, seed + seeds)] + ([(shipped, screen, seed)] if steps != screen else []))
-        if screen < steps and shipped.screen["events"] >= SCREEN_COST * shipped.runs[0]["events"]:
-            # The short run cost most of a full one (the rollout's warm-up before the first batch dominates: streamrl
-            # at 1,024 GPUs), so screen at full length: ranking is then exact, and a contender's screen is its first
-            # seed's run, one simulation fewer each.
-            progress(f"tune: a {screen}-step screen costs {shipped.screen['events'] / shipped.runs[0]['events']:.0%} of a "
-                     f"{steps}-step run (events); screening at full length")
+        run([(shipped, steps, s) for s in range(seed, seed + seeds)])
+        cost = shipped.runs[0]["step_events"][screen - 1] / shipped.runs[0]["events"]  # a screen's, from the full run
+        if screen < steps and cost >= SCREEN_COST:
+            # A short run would cost most of a full one (the rollout's warm-up before the first batch dominates:
+            # streamrl and laminar at 1,024 GPUs), so screen at full length: ranking is then exact, and a contender's
+            # screen is its first seed's run, one simulation fewer each.
+            progress(f"tune: a {screen}-step screen would cost {cost:.0%} of a {steps}-step run (events); screening at "
+                     "full length")
             screen = steps
+        if screen == steps:
             shipped.screen = shipped.runs[0]
-        limit = shipped.screen["max_staleness"]
 
         def fastest() -> Candidate:
             """The fastest screened point within the shipped screen's max staleness and task mix."""
             return max((c for c in candidates if c.screen and eligible(c.screen, shipped.screen, limit)),
                        key=lambda c: c.screen["tokens_per_s"])
 
-        screen_all([c for c in candidates if not c.shipped and c.bound > shipped.runs[0]["tokens_per_s"]
-                    and not too_loose(c, shipped, name)])
+        screen_all(([] if shipped.screen else [shipped]) + [c for c in candidates if not c.shipped and c.bound >
+                    shipped.runs[0]["tokens_per_s"] and not too_loose(c, shipped, name)])
+        limit = shipped.screen["max_staleness"]
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
                  f"screened {sum(1 for c in candidates if c.screen)} ({screen} steps each), pruned the rest: their "
                  "closed-form bound is below the shipped setting's throughput")
@@ -387,7 +389,7 @@ def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: 
     r = simulate(config, policy)
     return {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,
             "max_staleness": r.max_staleness, "rollout_idle": r.rollout_idle_ratio, "trainer_idle": r.trainer_idle_ratio,
-            "peak_queued": getattr(policy, "peak_queued", 0), "events": r.events,
+            "peak_queued": getattr(policy, "peak_queued", 0), "events": r.events, "step_events": r.step_events,
             "shares": {n: st["trained_share"] for n, st in r.stages.items()} if len(r.stages) > 1 else {}}
 
 
@@ -420,7 +422,7 @@ class _Workers:
 
 def _aggregate(runs: list[dict]) -> dict:
     """Several seeds' results as one: means, but the max staleness is the max over the seeds."""
-    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k != "shares"}
+    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k not in ("shares", "step_events")}
     out["shares"] = {n: sum(r["shares"][n] for r in runs) / len(runs) for n in runs[0]["shares"]}
     out["max_staleness"] = max(r["max_staleness"] for r in runs)
     out["peak_queued"] = max(r["peak_queued"] for r in runs)

@@ -88,6 +88,7 @@ class Simulation:
         self._trained_lengths: list[int] = []
         self._sampled_lengths: list[int] = []
         self._train_steps: list[tuple[float, float]] = []
+        self._step_events: list[int] = []  # events run by the end of each train step (what a shorter run would cost)
         # several rollout stages: per stage, trained samples / tokens / length sum / longest length after warm-up, and
         # each fleet's (busy, unit) instance-seconds at the end of warm-up
         self._stage_trained = [[0, 0, 0, 0] for _ in config.rollouts] if config.stages else None
@@ -242,6 +243,7 @@ class Simulation:
             counts[3] = max(counts[3], max(group.lengths))
 
     def _on_train_end(self, step: int) -> None:
+        self._step_events.append(self.events + 1)  # this event included
         self._training = False
         self._steps_done += 1
         self.weights += 1
@@ -363,6 +365,7 @@ class Simulation:
             env_steps=self.env_steps,
             mean_env_waiting=(self._env_area - self._env_area_at_warm) / window,
             scale_events=self.scale_events,
+            step_events=self._step_events,
             stages=stages,
         )
 

@@ -83,6 +83,7 @@ class SimResult:
     env_steps: int = 0  # environment steps taken between turns (whole run)
     mean_env_waiting: float = 0.0  # samples waiting on an environment, time-averaged over the window
     scale_events: list = field(default_factory=list)  # elastic: (sim seconds, steps ended, serving instances, why)
+    step_events: list[int] = field(default_factory=list)  # events run by the end of each train step
     # per rollout stage, in order: instances, trained_samples, trained_tokens, trained_share (of trained samples),
     # mean_trained_length, max_trained_length, expected_length, rollout_idle_ratio (training counts after warm-up)
     stages: dict[str, dict] = field(default_factory=dict)
