@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import random
-from operator import attrgetter
 
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
@@ -266,40 +265,51 @@ class CoordinatedFleet(Fleet):
             gid = next(sim._gids)
             group = sim.new_group(gid, None)
             self.ts.add_initial(group)
-            new.extend(group.samples)
+            new.append(group)
         if new and self.cfg.dispatch == "skew_aware":
             self._predict(new)
-            self._dispatch([s for g in self.ts.initial.values() for s in g.samples])
+            self._dispatch(list(self.ts.initial.values()))
 
-    def _predict(self, samples: list) -> None:
+    def _predict(self, groups: list[Group]) -> None:
         """The length ranker's prediction, once per prompt as it arrives (a ranker answers a prompt the same way each
-        time it is asked): the true length, or for the noisy ranker the true length times a lognormal error."""
+        time it is asked). A ranker sees the prompt, not its samples (streamrl.txt §5.2; rlflow run's ranker learns
+        (prompt, mean completion length)), so it predicts the group's mean length: exactly for the oracle, times one
+        lognormal error for the noisy ranker. Every member carries the group's prediction."""
         noise = self.cfg.ranker_noise if self.cfg.ranker == "noisy" else 0.0
-        for s in samples:
-            s.predicted = s.length * self._rng.lognormvariate(0, noise) if noise else s.length
+        for group in groups:
+            mean = sum(group.lengths) / len(group.lengths)
+            predicted = mean * self._rng.lognormvariate(0, noise) if noise else mean
+            for s in group.samples:
+                s.predicted = predicted
 
-    def _dispatch(self, samples: list) -> None:
-        """StreamRL Algorithm 2 over the prompts waiting: mark the long tail and size its instance share. As `rlflow
-        run` does (rlflow/runtime/dispatch_lanes.py), the whole pool is planned again whenever new prompts arrive."""
-        predicted = [s.predicted for s in samples]
-        recent = sorted(self._recent[-4096:] or [s.length for s in samples])  # sorted once for every percentile
+    def _dispatch(self, groups: list[Group]) -> None:
+        """StreamRL Algorithm 2 over the prompts waiting, as `rlflow run` does it (rlflow/runtime/dispatch_lanes.py):
+        the whole pool is planned again whenever new prompts arrive; a prompt (its S samples) is marked long-tail or
+        regular as a whole, and Eq. 2's batch size counts prompts of S trajectories each; the waiting prompts are then
+        routed longest predicted first within each lane (LPT, §5.3)."""
+        predicted = [g.samples[0].predicted for g in groups]
+        recent = sorted(self._recent[-4096:] or [n for g in groups for n in g.lengths])  # sorted once for every percentile
         p = self.instances[0].p
-        kv_per_sample = p.k5 * (self.sim.cfg.prompt_tokens + 0.5 * percentile(recent, 50, presorted=True))
-        ptl = lambda bs: p.step_latency(kv_per_sample * bs, bs)
-        plan = skew_aware_dispatch(samples, predicted, len(self.serving), recent, ptl,
+        size = self.sim.cfg.group_size
+        prompt = self.sim.cfg.prompt_tokens
+        kv_per_sample = p.k5 * (prompt + 0.5 * percentile(recent, 50, presorted=True))
+        ptl = lambda bs: p.step_latency(kv_per_sample * bs * size, bs * size)  # bs prompts of `size` trajectories
+        plan = skew_aware_dispatch(groups, predicted, len(self.serving), recent, ptl,
                                    alpha=self.cfg.long_tail_fraction,
-                                   max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (self.sim.cfg.prompt_tokens + l)))))
+                                   max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (prompt + l))) // size))
         self._n_long = plan.n_long
-        self._long.difference_update(map(id, samples))
-        self._long.update(map(id, plan.long_tail))
-        # LPT within each group: the plan's order is longest predicted first, ties in pool order, so within a group it
-        # is a stable sort by prediction, descending (reverse keeps equal keys in their order)
-        for group in self.ts.initial.values():
-            group.samples.sort(key=_predicted, reverse=True)
-        self.ts.reordered()
+        for group in groups:
+            self._long.difference_update(map(id, group.samples))
+        for group in plan.long_tail:
+            self._long.update(map(id, group.samples))
+        self.ts.order_initial(plan.long_tail + plan.regular)
 
     def _lanes(self):
         idx = [inst.idx for inst in self.serving]
+        if not self._n_long:  # no split (a pool too small to have a long tail): both lanes use every instance, so
+            everyone = frozenset(idx)  # trajectories marked long-tail earlier still run (as the runtime's lanes())
+            in_long, in_rest = self._lane_members
+            return [(in_long, everyone), (in_rest, everyone)]
         long_insts, rest = frozenset(idx[:self._n_long]), frozenset(idx[self._n_long:])
         in_long, in_rest = self._lane_members
         return [(in_long, long_insts), (in_rest, rest)]
@@ -399,5 +409,3 @@ class CoordinatedFleet(Fleet):
                 self.touch(inst)
             self._long.discard(id(sample))
 
-
-_predicted = attrgetter("predicted")

@@ -185,8 +185,9 @@ class CoordinatedTS:
         self.initial[group.gid] = group
         self._queue = None
 
-    def reordered(self) -> None:
-        """The initial groups' members were put in a new order (skew-aware dispatch's LPT order)."""
+    def order_initial(self, groups: list[Group]) -> None:
+        """Queue the initial groups in this order (skew-aware dispatch's LPT order: `groups` are all of them)."""
+        self.initial = {g.gid: g for g in groups}
         self._queue = None
 
     def reserved(self, group: Group) -> None:

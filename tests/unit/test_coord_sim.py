@@ -56,10 +56,11 @@ def test_throughput_aware_sync_interrupts_less_than_greedy_when_instances_are_bu
 
 
 def test_skew_aware_dispatch_predicts_each_prompt_once_and_the_ts_keeps_its_lanes_apart():
-    """The length ranker answers a prompt once (its error is not redrawn at each top-up); every top-up plans the
-    whole pool again, marking alpha of it long-tail, longest predicted first within each group (as `rlflow run`
-    re-plans when prompts arrive); and the TS's per-lane queues are, at every cycle, exactly the lane filter of its
-    whole queue (what routing would have read)."""
+    """The length ranker answers a prompt once (its error is not redrawn at each top-up) and ranks prompts, not their
+    samples: every member of a group carries one prediction. Every top-up plans the whole pool again, marking alpha of
+    its prompts long-tail as whole groups and queueing them longest predicted first within each lane (as `rlflow run`
+    re-plans when prompts arrive, runtime/dispatch_lanes.py); and the TS's per-lane queues are, at every cycle,
+    exactly the lane filter of its whole queue (what routing would have read)."""
     profile = dataclasses.replace(CostProfile.load("staleflow-table4-qwen3-30b-a3b"), max_running=4)  # work waits
     sim = Simulation(_cfg(coordinator=True, weight_sync="global", dispatch="skew_aware", ranker="noisy",
                           long_tail_fraction=0.25, instances=4, steps=6, profile=profile))
@@ -68,13 +69,17 @@ def test_skew_aware_dispatch_predicts_each_prompt_once_and_the_ts_keeps_its_lane
 
     def watched_top_up():
         top_up()
-        for g in fleet.ts.initial.values():
-            for s in g.samples:
-                assert seen.setdefault(id(s), (s, s.predicted))[1] == s.predicted
-                assert s.predicted != s.length  # the noisy ranker errs
-            assert [s.predicted for s in g.samples] == sorted((s.predicted for s in g.samples), reverse=True)
-        pool = [s for g in fleet.ts.initial.values() for s in g.samples]
-        assert sum(id(s) in fleet._long for s in pool) == int(0.25 * len(pool))
+        groups = list(fleet.ts.initial.values())
+        for g in groups:
+            (predicted,) = {s.predicted for s in g.samples}  # one prediction per prompt
+            assert seen.setdefault(g.gid, predicted) == predicted  # and the same at every top-up
+            assert predicted != sum(g.lengths) / len(g.lengths)  # the noisy ranker errs
+        marked = [all(id(s) in fleet._long for s in g.samples) for g in groups]
+        assert all(m or not any(id(s) in fleet._long for s in g.samples) for m, g in zip(marked, groups))  # whole groups
+        assert sum(marked) == int(0.25 * len(groups)) and marked == sorted(marked, reverse=True)  # long-tail lane first
+        for lane in (True, False):  # LPT within each lane
+            order = [g.samples[0].predicted for m, g in zip(marked, groups) if m == lane]
+            assert order == sorted(order, reverse=True)
 
     def watched_cycle(snapshot, verify, reserve=None, lanes=None, **kw):
         queue = snapshot.ts_trajs
