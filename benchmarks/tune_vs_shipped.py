@@ -199,7 +199,8 @@ def write(args, rows: list[str], skipped: list[str], at_bound: list[str], total:
         f" ratio, seed {args.check_seed} | best split | screened / candidates | tune wall s | tune CPU s |\n"
         "|---|---|---:|---:|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n"
     )
-    text = header + "\n".join(rows) + "\n"
+    order = sorted(rows, key=lambda r: (r.split("|")[1].strip(), int(r.split("|")[3].replace(",", ""))))  # resumed rows too
+    text = header + "\n".join(order) + "\n"
     if at_bound:
         text += ("\nAt the closed-form bound (the shipped point's trained tokens/s is within 0.1% of min(v_R at full load,"
                  " v_T): nothing can beat it, the tuner stops after it): " + ", ".join(at_bound) + ".\n")
