@@ -92,3 +92,15 @@ def test_skew_aware_dispatch_predicts_each_prompt_once_and_the_ts_keeps_its_lane
     fleet._top_up, fleet.coord.cycle = watched_top_up, watched_cycle
     r = sim.run()
     assert r.consumed == 6 * 8 and fleet.coord.rejected == 0 and max(checked) > 0  # partial ones waited
+
+
+def test_prompts_marked_long_tail_still_run_when_the_fleet_shrinks_to_one_instance():
+    """Scaled down to one instance, dispatch has no split (N_l = 0), and groups marked long-tail earlier still have
+    partial trajectories waiting: both lanes then use every instance, as the runtime's lanes() does. Without that
+    they would wait for a long-tail lane with no instance, and the run would never finish."""
+    profile = dataclasses.replace(CostProfile.load("staleflow-table4-qwen3-30b-a3b"), max_running=4)
+    sim = Simulation(_cfg(instances=3, profile=profile, steps=8, coordinator=True, weight_sync="global",
+                          dispatch="skew_aware", ranker="noisy", scale=((3, 1),), max_events=50_000))
+    r = sim.run()
+    assert r.consumed == 8 * 8 and sim.rollout._n_long == 0 and len(sim.rollout.serving) == 1
+    assert r.scale_events and r.scale_events[0][2] == 1
