@@ -108,7 +108,7 @@ def main() -> None:
         old = output(args).read_text().splitlines()
         rows = [line for line in old if line.startswith("| ") and line.count("|") == 17 and not line.startswith("| pipeline")]
         at_bound = [x for line in old if line.startswith("At the closed-form bound")
-                    for x in line.split("): ", 1)[1].rstrip(".").split(", ")]
+                    for x in line.rsplit("): ", 1)[1].rstrip(".").split(", ")]
         args.resumed = len(rows)
     measured = {(r.split("|")[1].strip(), int(r.split("|")[3].strip().replace(",", ""))) for r in rows}
     for name in names:
