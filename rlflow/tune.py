@@ -131,9 +131,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
-    from rlflow.plan_read import stage_coordination
-    from rlflow.sim.from_plan import ONE_STAGE_RULE, load_profile, not_simulable, plan_rollouts, stage_lengths
-    from rlflow.sim.lengths import expected_length
+    from rlflow.sim.from_plan import (ONE_STAGE_RULE, decode_rate, load_profile, not_simulable, plan_profiles,
+                                      plan_rollouts, stage_lengths)
 
     why = not_simulable(plan)
     if why:
@@ -142,7 +141,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     rollouts = plan_rollouts(plan)  # several: instances are split between the stages too (_divide, shift rounds)
     names = [n for n, _ in rollouts]
     control = plan["control"]["staleness"]
-    profile = profile or next((p for p in (stage_coordination(plan, n).profile for n, _ in rollouts) if p), None)
+    profile = profile or next(iter(plan_profiles(plan)), None)
     prof = load_profile(profile, notes)
     g = gpus_per_instance(profile, per_instance, notes)
     if gpus < len(rollouts) * g + 1:
@@ -154,9 +153,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
 
     def full_instance(batch: int, i: int = 0) -> float:
         """Decode tokens/s of one instance of stage i at full load (Eq. 11): at most a whole batch runs on it."""
-        rollout = rollouts[i][1]
-        n = min(prof.max_running, rollout["max_running"], batch * rollout["group_size"])
-        return n / prof.step_latency(prof.k5 * n * expected_length(lengths[i]) / 2, n)
+        return decode_rate(prof, rollouts[i][1], batch, lengths[i], instances=1, prompt_tokens=0)
 
     def v_r(stages: tuple[int, ...], batch: int) -> float:
         return sum(k * full_instance(batch, i) for i, k in enumerate(stages))
@@ -285,7 +282,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
             progress(f"tune: refined the split: {after.rollout_gpus} rollout GPUs screen faster than {best.rollout_gpus}")
         # Several rollout stages: move instances between them at the fastest point, a step of an eighth of its
         # instances, kept while it finds a faster point and halved when it does not (the task mix limits how far).
-        best, step = fastest(), max(1, fastest().instances // 8)
+        best = fastest()
+        step = max(1, best.instances // 8)
         for _ in range(SHIFT_ROUNDS if len(rollouts) > 1 else 0):
             have = {(c.stages, c.knob, c.batch) for c in candidates}
             new = []

@@ -72,6 +72,12 @@ def plan_rollout(plan: dict) -> tuple[str, dict]:
     return rollouts[0]
 
 
+def plan_profiles(plan: dict) -> list[str]:
+    """The cost-model profiles the plan's rollout stages name, in their order (stages that name none left out);
+    not_simulable admits several stages only when they name the same one."""
+    return [p for p in (stage_coordination(plan, n).profile for n, _ in plan_rollouts(plan)) if p]
+
+
 def plan_coordination(plan: dict) -> PlanCoordination:
     """The coordination of a single-stage plan's rollout stage."""
     return stage_coordination(plan, plan_rollout(plan)[0])
@@ -145,7 +151,7 @@ def instance_counts(rollouts: list[tuple[str, dict]], instances: int | dict[str,
     return [instances] if instances else [rollout["replicas"] for _, rollout in rollouts]
 
 
-def _decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: LengthSpec, instances: int,
+def decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: LengthSpec, instances: int,
                  prompt_tokens: int) -> float:
     """Decode tokens/s of a stage's full fleet: each instance running as many samples as it may."""
     n = min(prof.max_running, rollout["max_running"], batch_groups * rollout["group_size"])
@@ -177,7 +183,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
                             ranker="oracle" if ranker == "oracle" else "noisy")
     lengths = stage_lengths(w, name, rollout)
-    named = [p for p in (stage_coordination(plan, n).profile for n, _ in rollouts) if p]  # one, not_simulable checked
+    named = plan_profiles(plan)
     if not profile and named:
         profile = named[0]
         if len(named) < len(rollouts):
@@ -214,12 +220,12 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
-        v_r = _decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)
+        v_r = decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)
         stages = []
         for (other, stage), n in zip(rollouts[1:], counts[1:]):
             stage_prof = replace(base, max_running=min(base.max_running, stage["max_running"]))
             stages.append(StageSim(other, n, stage_lengths(w, other, stage), stage["group_size"], stage_prof.max_running))
-            v_r += _decode_rate(stage_prof, stage, control["batch_size"], stages[-1].lengths, n, prompt_tokens)
+            v_r += decode_rate(stage_prof, stage, control["batch_size"], stages[-1].lengths, n, prompt_tokens)
         config_kw["stages"] = tuple(stages)
     v_t = train_tokens_per_s or w["train_tokens_per_s"]
     if v_t is None:
