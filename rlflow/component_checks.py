@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from rlflow import registry
+from rlflow.data_head import head_problem
 from rlflow.errors import Problem
 from rlflow.schema import DATA_NODE, Pipeline
 
@@ -244,12 +245,12 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
         problems.append(Problem(("data",), "data has neither source nor tasks", "data-source-or-tasks",
                                 "set data.source: builtin:arith, or data.tasks: {<name>: {source: ...}, ...}"))
     if d.source is not None:
-        _check_source(d.source, ("data", "source"), base_dir, problems)
+        _check_source(d.source, ("data", "source"), base_dir, problems, (d.prompt_field, d.answer_field))
     for name, task in (d.tasks or {}).items():
         if not TASK_NAME.match(name):
             problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
                                     "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
-        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems)
+        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems, (task.prompt_field, task.answer_field))
     if isinstance(d.eval, float) and not 0 < d.eval <= 0.5:
         problems.append(Problem(("data", "eval"), f"a held-out fraction must be in (0, 0.5], got {d.eval:g}", "bad-eval",
                                 "data.eval: 0.1 holds out 10% of the rows (the rest is trained on)"))
@@ -261,7 +262,7 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
             problems.append(Problem(("data", "eval"), f"'{d.eval}' is neither a fraction in (0, 0.5] nor a .jsonl/.json/.parquet file",
                                     "bad-eval", "data.eval: 0.1 holds out 10% of the source's rows; or give a file of prompts"))
         else:
-            _check_source(d.eval, ("data", "eval"), base_dir, problems)
+            _check_source(d.eval, ("data", "eval"), base_dir, problems, (d.prompt_field, d.answer_field))
     if d.tasks is not None:
         for field in ("limit", "prompt_field", "answer_field", "prompt_format", "system_prompt"):
             if field in d.model_fields_set:
@@ -269,14 +270,17 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
                                         "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))
 
 
-def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem]) -> None:
+def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem], fields: tuple[str, str]) -> None:
+    """A builtin task that exists, or a prompt file that exists and whose first rows have both `fields`."""
     if src.startswith("builtin:"):
         component(problems, "task", src, loc)
     elif not src.endswith(DATA_SUFFIXES):
         problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
                                 "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
-    elif resolve_path(src, base_dir) is None:
+    elif (path := resolve_path(src, base_dir)) is None:
         problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
+    elif problem := head_problem(path, fields, name=src):
+        problems.append(Problem(loc, *problem))
 
 
 # --------------------------------------------------------------------------- cost-model profiles

@@ -73,7 +73,7 @@ class Run:
         from transformers import AutoTokenizer
 
         from rlflow.runtime.model import prepare_model
-        from rlflow.runtime.prompt_source import PromptSource
+        from rlflow.runtime.prompt_source import PromptSource, check_sources
         from rlflow.runtime.reward_stream import RewardStream
         from rlflow.runtime.tracking import Tracker
         from rlflow.runtime.trajectory_store import TrajectoryStore
@@ -82,6 +82,7 @@ class Run:
         for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline
             if d not in sys.path:
                 sys.path.insert(0, d)
+        check_sources(plan["tasks"], plan["source"])  # a bad row in a file's head fails before any actor starts
         model_dir = str(prepare_model(plan, log=self.log))
         self.clock.mark("model")
         actors = {a["role"]: a for a in plan["actors"]}

@@ -18,6 +18,7 @@ import ray
 from ray.data import DataContext
 
 from rlflow import registry
+from rlflow.data_head import COLUMN_FIX, READ_FIX, first_missing, head_problem, missing, missing_fix
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.runtime.evaluation import held_out
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
@@ -89,11 +90,6 @@ def encode_prompt(tokenizer, prompt: str, prompt_format: str = "raw", system_pro
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
 
 
-def _missing(value) -> bool:
-    """No value: absent, null, or a float NaN (how Parquet/pandas often write a null)."""
-    return value is None or (isinstance(value, float) and value != value)
-
-
 def _plain(row: dict) -> dict:
     """The row as plain JSON types (timestamps and the like become strings)."""
     return json.loads(json.dumps(row, default=str))
@@ -116,6 +112,12 @@ class _TaskRows:
 
     def fail(self, message: str, rule: str, fix: str):
         raise PipelineInvalid(self.source, [Problem(self.loc, f"task '{self.name}': {message}", rule, fix)])
+
+    def check_head(self) -> None:
+        """The file's first rows (data_head.py): a bad one fails the run before it starts an actor."""
+        problem = None if self.spec["source"].startswith("builtin:") else head_problem(self.spec["source"], self.fields)
+        if problem:
+            self.fail(*problem)
 
     def _dataset(self):
         src, limit = self.spec["source"], self.spec.get("limit")
@@ -155,7 +157,7 @@ class _TaskRows:
                 self._rows, cause = None, getattr(e, "cause", None) or e
                 self.fail(f"cannot read '{self.spec['source']}': {type(cause).__name__}: "
                           f"{(str(cause).splitlines() or [''])[0][:200]}", "bad-data",
-                          "check that the file is JSON lines (.jsonl/.json) or Parquet")
+                          READ_FIX)
             if row is not None:
                 if self.in_epoch == 0:
                     self._check_columns(row)
@@ -178,47 +180,34 @@ class _TaskRows:
         if missing:
             self.fail(f"'{self.spec['source']}' has no column {', '.join(repr(m) for m in missing)} "
                       f"(columns: {', '.join(row)})", "bad-data",
-                      "set prompt_field / answer_field to the right columns")
+                      COLUMN_FIX)
 
     def _check_row(self, row: dict) -> None:
         """Every row needs a prompt and an answer: a missing or null one would be trained on as the text
         'None' (missing-prompt / missing-answer, naming the row)."""
         for field, what in zip(self.fields, ("prompt", "answer")):
-            if _missing(row.get(field)):
+            if missing(row.get(field)):
                 self.fail(f"{self._where_missing(field)} has no {what} ({field!r} is missing or null)", f"missing-{what}",
-                          f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one")
+                          missing_fix(what))
 
     def _where_missing(self, field: str) -> str:
         """Where the file first lacks `field`: "'p.jsonl' line 7" (rows are drawn shuffled, so the row drawn is
         found again by reading the file; only on this error path). Falls back to the draw's position."""
         src = self.spec["source"]
-        drawn = f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
-        if src.startswith("builtin:"):
-            return drawn
-        try:
-            if Path(src).suffix == ".parquet":
-                import pyarrow.parquet as pq
-
-                names = pq.read_schema(src).names
-                if field not in names:
-                    return f"'{src}' row 1"
-                column = pq.read_table(src, columns=[field]).column(field).to_pylist()
-                first = next((i for i, v in enumerate(column) if _missing(v)), None)
-                return drawn if first is None else f"'{src}' row {first + 1}"
-            with open(src, encoding="utf-8") as f:
-                for number, line in enumerate(f, start=1):
-                    if line.strip():
-                        value = json.loads(line)
-                        if isinstance(value, dict) and _missing(value.get(field)):
-                            return f"'{src}' line {number}"
-        except Exception:  # noqa: BLE001 - only locating the row; the problem itself is already known
-            pass
-        return drawn
+        found = None if src.startswith("builtin:") else first_missing(src, field)
+        return found or f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
 
     def close(self) -> None:
         if self._rows is not None:
             self._rows.close()  # closes iter_batches: Ray Data shuts this stream's execution down
             self._rows = None
+
+
+def check_sources(tasks: dict[str, dict], source: str) -> None:
+    """Every task's prompt file exists and its first rows are usable: `rlflow run` checks this before anything
+    starts (compile checked it too, but the file may have changed since)."""
+    for name, spec in tasks.items():
+        _TaskRows(name, spec, 0, source).check_head()
 
 
 class PromptSource:

@@ -76,24 +76,35 @@ def write_rows(path: Path, rows: list) -> str:
     return str(path)
 
 
+def changed_since_compile(path: Path, rows: list) -> dict:
+    """The quickstart plan over `path`, compiled while the file was good; then the file is rewritten with `rows`
+    (a compiled plan run later, against a file that changed since: compile's own check of the file's head has passed)."""
+    good = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    write_rows(path, good)
+    plan = plan_for("quickstart", f"data.source={path}")
+    write_rows(path, rows)
+    return plan
+
+
 def test_row_without_an_answer_stops_the_run_naming_task_and_line(ray_cluster, workdir):
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
     rows[3] = {"prompt": "3+1="}  # no answer: trained as the text "None" before
     rows[5] = {"prompt": "5+1=", "answer": None}
-    path = write_rows(workdir / "prompts.jsonl", rows)
-    run, err = failed_run(plan_for("quickstart", f"data.source={path}"))
+    path = workdir / "prompts.jsonl"
+    run, err = failed_run(changed_since_compile(path, rows))
     p = only_problem(err)
     assert (p.loc, p.rule) == (("data", "source"), "missing-answer")
     assert p.message == f"task 'main': '{path}' line 4 has no answer ('answer' is missing or null)"
-    assert run.history == []
+    assert run.history == [] and run.clock.marks == {}  # before the model was prepared or any actor started
 
 
 def test_malformed_jsonl_line_is_invalid_input(ray_cluster, workdir):
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
-    path = write_rows(workdir / "prompts.jsonl", rows[:3] + ['{"prompt": "9+1=", "answer": 10'] + rows[3:])
-    run, err = failed_run(plan_for("quickstart", f"data.source={path}"))
+    path = workdir / "prompts.jsonl"
+    run, err = failed_run(changed_since_compile(path, rows[:3] + ['{"prompt": "9+1=", "answer": 10'] + rows[3:]))
     p = only_problem(err)
-    assert (p.loc, p.rule) == (("data", "source"), "bad-data") and "cannot read" in p.message, p.message
+    assert (p.loc, p.rule) == (("data", "source"), "bad-data") and f"cannot read '{path}' line 4: not JSON" in p.message, p.message
+    assert run.clock.marks == {}
 
 
 # ------------------------------------------------------------------------------------------ rewards

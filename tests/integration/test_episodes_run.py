@@ -15,7 +15,9 @@ pytestmark = pytest.mark.integration
 
 # interrupted: two instances, every weight sync interrupts what is generating (partial rollout); an episode
 # interrupted mid-turn leaves with its environment and resumes on whichever instance the coordinator picks
-@pytest.mark.parametrize("variant", ["as_shipped", "interrupted"])
+# as_shipped (slow): the pipeline file as is, one instance; `interrupted` runs the same file with every assertion
+# of it and more, so the default run keeps only that one
+@pytest.mark.parametrize("variant", [pytest.param("as_shipped", marks=pytest.mark.slow), "interrupted"])
 def test_agentic_pipeline_trains_whole_episodes(variant, ray_cluster, workdir, monkeypatch):
     import ray
 

@@ -1,0 +1,100 @@
+"""The head of a prompt file is checked before anything starts (rlflow/data_head.py): each problem is named by its
+line or row, rows past the head are left to the stream, and the check reads only the head."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlflow.data_head import first_missing, head_problem
+from rlflow.errors import PipelineInvalid
+from rlflow.runtime.prompt_source import check_sources
+
+FIELDS = ("prompt", "answer")
+
+
+def jsonl(path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def sums(n: int) -> list[dict]:
+    return [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(n)]
+
+
+def test_a_row_without_an_answer_is_named_by_its_line(tmp_path):
+    rows = sums(6)
+    rows[3] = {"prompt": "3+1="}
+    rows[5]["answer"] = None
+    path = jsonl(tmp_path / "p.jsonl", rows)
+    assert head_problem(path, FIELDS) == (f"'{path}' line 4 has no answer ('answer' is missing or null)", "missing-answer",
+                                          "give every row an answer, or remove the rows without one")
+    assert head_problem(path, FIELDS, name="p.jsonl")[0].startswith("'p.jsonl' line 4 ")
+
+
+def test_blank_lines_count_as_lines_and_a_null_prompt_is_named(tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", [sums(1)[0], "", {"prompt": None, "answer": "1"}])
+    message, rule, _ = head_problem(path, FIELDS)
+    assert (rule, message) == ("missing-prompt", f"'{path}' line 3 has no prompt ('prompt' is missing or null)")
+
+
+@pytest.mark.parametrize("line, what", [('{"prompt": "9+1=", "answer": 10', "not JSON"), ("42", "a int, not a JSON object")])
+def test_a_line_that_is_not_a_json_object_is_bad_data(tmp_path, line, what):
+    path = jsonl(tmp_path / "p.jsonl", sums(3) + [line] + sums(2))
+    message, rule, fix = head_problem(path, FIELDS)
+    assert rule == "bad-data" and message.startswith(f"cannot read '{path}' line 4: {what}"), message
+    assert "JSON lines" in fix
+
+
+def test_columns_are_named_from_the_first_row(tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer": "a"}] * 3)
+    assert head_problem(path, FIELDS)[:2] == (f"'{path}' has no column 'prompt' (columns: question, answer)", "bad-data")
+    assert head_problem(path, ("question", "answer")) is None
+
+
+def test_an_empty_file_has_no_rows(tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", [""])
+    assert head_problem(path, FIELDS)[:2] == (f"'{path}' has no rows", "bad-data")
+
+
+def test_rows_past_the_head_are_left_to_the_stream(tmp_path):
+    rows = sums(8)
+    rows[6] = {"prompt": "6+1="}
+    path = jsonl(tmp_path / "p.jsonl", rows)
+    assert head_problem(path, FIELDS, rows=6) is None
+    assert head_problem(path, FIELDS, rows=7)[1] == "missing-answer"
+    assert first_missing(path, "answer") == f"'{path}' line 7"  # the stream's error names the line all the same
+    assert first_missing(path, "prompt") is None
+
+
+def test_a_json_array_file_is_left_to_the_stream(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(sums(3), indent=1))
+    assert head_problem(path, FIELDS) is None
+
+
+def test_parquet_rows_and_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"q": ["a", "b", "c"], "a": ["x", None, "z"]}), path)
+    assert head_problem(path, ("q", "a")) == (f"'{path}' row 2 has no answer ('a' is missing or null)", "missing-answer",
+                                              "give every row an answer, or remove the rows without one")
+    assert head_problem(path, ("q", "a"), rows=1) is None
+    assert head_problem(path, FIELDS)[:2] == (f"'{path}' has no column 'prompt', 'answer' (columns: q, a)", "bad-data")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    assert head_problem(tmp_path / "junk.parquet", FIELDS)[1] == "bad-data"
+
+
+def test_run_start_names_the_task_and_skips_builtin_tasks(tmp_path):
+    rows = sums(5)
+    rows[1] = {"prompt": "1+1=", "answer": None}
+    path = jsonl(tmp_path / "p.jsonl", rows)
+    check_sources({"main": {"source": "builtin:arith"}}, "pipe.yaml")
+    with pytest.raises(PipelineInvalid) as e:
+        check_sources({"arith": {"source": "builtin:arith"}, "sums": {"source": path}}, "pipe.yaml")
+    (p,) = e.value.problems
+    assert (p.loc, p.rule) == (("data", "tasks", "sums", "source"), "missing-answer")
+    assert p.message == f"task 'sums': '{path}' line 2 has no answer ('answer' is missing or null)"
