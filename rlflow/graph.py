@@ -84,10 +84,19 @@ def check(spec: Pipeline, base_dir: Path) -> list[Problem]:
 
 
 def _check_workload(spec: Pipeline, problems: list[Problem]) -> None:
-    """workload.stages gives rollout stages' response lengths: each key names a rollout stage."""
+    """workload.stages gives rollout stages' response lengths: each key names a rollout stage. A prompt_share needs
+    lengths that vary (tailness > 0): with equal lengths it would change nothing."""
     rollouts = stages_of(spec, "rollout")
     fix = f"name a rollout stage: {', '.join(rollouts)}"
-    for name in spec.workload.stages or {}:
+    w = spec.workload
+    for loc, own in [(("workload",), w), *((("workload", "stages", n), s) for n, s in (w.stages or {}).items())]:
+        share = own.prompt_share if own.prompt_share is not None else w.prompt_share
+        tailness = own.tailness if own.tailness is not None else w.tailness
+        if share and not tailness and own.prompt_share:
+            problems.append(Problem(loc + ("prompt_share",), f"prompt_share {share:g} with tailness 0: every length is "
+                                    "the mean, so there is no variance for a prompt to share", "prompt-share-without-tail",
+                                    "set a tailness (e.g. 60), or remove prompt_share"))
+    for name in w.stages or {}:
         loc = ("workload", "stages", name)
         if name not in spec.stages:
             problems.append(Problem(loc, f"unknown stage '{name}'{did_you_mean(name, rollouts)}", "unknown-workload-stage", fix))

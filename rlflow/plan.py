@@ -59,14 +59,14 @@ def predict(spec: Pipeline, control: dict) -> dict:
     rollouts = [spec.stages[n] for n in stages_of(spec, "rollout")]
     group = rollouts[0].group_size
     concurrency = w.concurrency or sum(r.replicas * r.max_running for r in rollouts)
-    mean, tailness, cap = w.mean_length, w.tailness, w.length_cap or max(r.max_new_tokens for r in rollouts)
+    mean, tailness, cap, share = w.mean_length, w.tailness, w.length_cap or max(r.max_new_tokens for r in rollouts), w.prompt_share
     if w.stages:  # per-stage lengths: the closed form has one length law, so the stages must agree on it
         laws = {_stage_lengths(w, name, spec.stages[name]) for name in stages_of(spec, "rollout")}
         if len(laws) > 1:
             return {"available": False, "reason": "the rollout stages' lengths differ (workload.stages) and the closed form "
                                                   "models one length distribution; `rlflow simulate` runs each stage's"}
-        mean, tailness, cap = laws.pop()
-    tail = tail_multiplier(tailness, group, cap=cap / mean if cap else None)
+        mean, tailness, cap, share = laws.pop()
+    tail = tail_multiplier(tailness, group, cap=cap / mean if cap else None, prompt_share=share)
     rho = w.rollout_tokens_per_s / w.train_tokens_per_s
     q = control["capacity"] / control["batch_size"]
     p = predict_mean_staleness(rho=rho, concurrency=concurrency, batch=control["batch_size"] * group, tail=tail, queue_factor=q)
@@ -74,12 +74,12 @@ def predict(spec: Pipeline, control: dict) -> dict:
             "batch_samples": control["batch_size"] * group, "queue_factor": q}
 
 
-def _stage_lengths(w, name: str, stage) -> tuple[float, float, int]:
-    """A rollout stage's (mean_length, tailness, length_cap): workload.stages.<name>, else the workload block's; the cap
-    else the stage's max_new_tokens (as rlflow/sim/from_plan.py reads them)."""
+def _stage_lengths(w, name: str, stage) -> tuple[float, float, int, float]:
+    """A rollout stage's (mean_length, tailness, length_cap, prompt_share): workload.stages.<name>, else the workload
+    block's; the cap else the stage's max_new_tokens (as rlflow/sim/from_plan.py reads them)."""
     own = (w.stages or {}).get(name)
     pick = lambda key: getattr(own, key) if own is not None and getattr(own, key) is not None else getattr(w, key)
-    return pick("mean_length"), pick("tailness"), pick("length_cap") or stage.max_new_tokens
+    return pick("mean_length"), pick("tailness"), pick("length_cap") or stage.max_new_tokens, pick("prompt_share")
 
 
 def _tasks(spec: Pipeline, base_dir: Path) -> dict[str, dict]:

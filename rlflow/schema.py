@@ -140,6 +140,8 @@ class StageWorkload(Strict):
     """This stage's length tailness (lognormal sigma = 1.3 * tailness / 100). Default: workload.tailness."""
     length_cap: PositiveInt | None = None
     """This stage's longest response, tokens. Default: workload.length_cap, else the stage's max_new_tokens."""
+    prompt_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    """This stage's prompt_share (see workload.prompt_share). Default: workload.prompt_share."""
 
 
 class WorkloadSpec(Strict):
@@ -155,6 +157,12 @@ class WorkloadSpec(Strict):
     """Length tailness: lengths are lognormal with sigma = 1.3 * tailness / 100 (0: all equal)."""
     length_cap: PositiveInt | None = None
     """Longest response, tokens (usually the rollout's max_new_tokens)."""
+    prompt_share: Annotated[float, Field(ge=0, le=1)] = 0
+    """How alike a prompt's samples are in length: the share of the log-length variance that is the prompt's (with
+    tailness > 0). 0: a group's lengths are independent draws; 1: every sample of a prompt is as long as the others
+    (StreamRL §7 generates each prompt's ground-truth length). Each length's law is the same either way; a higher
+    share leaves fewer long samples per group (a lower tail multiplier) and gives a prompt-level length ranker
+    (skew-aware dispatch) more to find."""
     concurrency: PositiveInt | None = None
     """Samples generated at once over all instances (C); default: replicas * max_running."""
     turns: PositiveInt | None = None

@@ -13,6 +13,25 @@ import time
 from rlflow.runtime.progress import Progress
 
 
+def prompt_share(groups: list[list[int]]) -> float:
+    """The share of log-length variance that lies between groups: the intraclass correlation of ln(length) by
+    one-way analysis of variance, (MSB - MSW) / (MSB + (n - 1) MSW) with n the mean group size, clipped to [0, 1] (0
+    with fewer than two groups of two, or no variance). It estimates workload.prompt_share (rlflow/sim/lengths.py)
+    from a trained batch, which filters and lengths capped at max_new_tokens bias."""
+    groups = [[math.log(max(1, n)) for n in g] for g in groups if len(g) > 1]
+    total = sum(len(g) for g in groups)
+    if len(groups) < 2:
+        return 0.0
+    grand = sum(map(sum, groups)) / total
+    means = [sum(g) / len(g) for g in groups]
+    msb = sum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means)) / (len(groups) - 1)
+    msw = sum((x - m) ** 2 for g, m in zip(groups, means) for x in g) / (total - len(groups))
+    n = total / len(groups)
+    if msb + (n - 1) * msw <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (msb - msw) / (msb + (n - 1) * msw)))
+
+
 def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -40,6 +59,7 @@ class Metrics:
         gid = {t: t.split("/")[0] for t in tids}
         return {"staleness": [staleness[g] for g in groups], "rewards": [rewards[t] for t in tids],
                 "lengths": [lengths[t] for t in tids], "group_max": [max(lengths[t] for t in m) for m in groups.values()],
+                "group_lengths": [[lengths[t] for t in m] for m in groups.values()],
                 "task_of_traj": [gid[t].rsplit("-", 1)[0] for t in tids],
                 "staleness_of_traj": [staleness[gid[t]] for t in tids]}
 
@@ -65,6 +85,8 @@ class Metrics:
             "length_mean": mean_len, "length_max": max(lengths, default=0),
             # measured group tailness multiplier M_tail = E[max over a group] / E[L] (staleness-model.md)
             "length_tailness": (_mean(info["group_max"]) / mean_len) if mean_len else 0.0,
+            # measured workload.prompt_share: how alike a prompt's samples are in length (the simulator's input)
+            "length_prompt_share": prompt_share(info["group_lengths"]),
             "trajectories_per_s": len(rw) / wall, "tokens_per_s": trained.get("tokens", 0) / wall,
             "trainer_idle_ratio": max(0.0, 1 - trained.get("step_time_s", 0) / wall),
             "rollout_idle_ratio": max(0.0, 1 - (busy_s - self._busy_prev) / max(instance_s - self._instance_s_prev, 1e-9)),

@@ -28,6 +28,7 @@ class LengthSpec:
     tailness: float = 0.0  # lognormal: sigma = 1.3 * tailness / 100 (staleness-model.md)
     cap: int | None = None  # lognormal: max_new_tokens; lengths are rounded then capped
     path: str | None = None  # file: one integer per line, or a JSON list of integers
+    prompt_share: float = 0.0  # lognormal: share of log-length variance a group's samples share (lengths.py)
 
     def __post_init__(self):
         if self.kind not in LENGTH_KINDS:
@@ -40,6 +41,10 @@ class LengthSpec:
             raise SimConfigError(f"lengths.tailness: must be >= 0, got {self.tailness}")
         if self.cap is not None and self.cap < 1:
             raise SimConfigError(f"lengths.cap: must be >= 1 token, got {self.cap}")
+        if not 0 <= self.prompt_share <= 1:
+            raise SimConfigError(f"lengths.prompt_share: must be in [0, 1], got {self.prompt_share}")
+        if self.prompt_share and self.kind == "file":
+            raise SimConfigError("lengths.prompt_share: recorded lengths carry no prompt; use kind lognormal, or 0")
 
 
 @dataclass(frozen=True)

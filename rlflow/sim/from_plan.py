@@ -130,9 +130,11 @@ def stage_lengths(w: dict, name: str, rollout: dict) -> LengthSpec:
     """A rollout stage's response lengths: workload.stages.<name>'s, else the workload block's; the cap else the
     stage's max_new_tokens."""
     own = (w.get("stages") or {}).get(name) or {}
-    mean, tailness = (own.get(k) if own.get(k) is not None else w[k] for k in ("mean_length", "tailness"))
+    mean, tailness, share = (own.get(k) if own.get(k) is not None else w.get(k, 0.0)
+                             for k in ("mean_length", "tailness", "prompt_share"))
     cap = own.get("length_cap") or w["length_cap"] or rollout["max_new_tokens"]
-    return LengthSpec(kind="lognormal" if tailness > 0 else "fixed", mean=mean, tailness=tailness, cap=cap)
+    return LengthSpec(kind="lognormal" if tailness > 0 else "fixed", mean=mean, tailness=tailness, cap=cap,
+                      prompt_share=share if tailness > 0 else 0.0)
 
 
 def instance_counts(rollouts: list[tuple[str, dict]], instances: int | dict[str, int] | None) -> list[int]:
@@ -218,6 +220,9 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
             prof = replace(prof, max_running=rollout["max_running"])
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
+        if pc.skew_aware and lengths.kind == "lognormal":  # what a prompt ranker can find depends on it
+            notes.append(f"a prompt's samples share {lengths.prompt_share:g} of the log-length variance (workload.prompt_share; "
+                         "0: independent lengths, 1: equal within a prompt): an assumption; a run measures it as length_prompt_share")
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
         v_r = decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)

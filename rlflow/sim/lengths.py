@@ -1,4 +1,11 @@
-"""Response lengths: fixed, lognormal by tailness (staleness-model.md), or recorded from a run."""
+"""Response lengths: fixed, lognormal by tailness (staleness-model.md), or recorded from a run.
+
+A group's lengths are independent draws, unless a share of the log-length variance is the prompt's
+(`prompt_share`): ln L = ln m - sigma^2 / 2 + sigma (sqrt(share) z_prompt + sqrt(1 - share) z_sample), one z_prompt
+per group. Each length has the same lognormal law either way; only how alike a group's lengths are changes.
+StreamRL §5.1 ("difficulty is a property inherent to the prompts") is the premise of its length ranker, and its
+evaluation (§7) generates every sample of a prompt to that prompt's ground-truth length: share 1.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +42,19 @@ class LengthSampler:
         self._rng = rng
         self._recorded = load_recorded(spec.path) if spec.kind == "file" else None
         self._buf: list[int] = []
+
+    def draw_group(self, n: int) -> list[int]:
+        """The n lengths of one prompt's group: `draw` when they are independent, else with one prompt factor."""
+        spec = self.spec
+        if not spec.prompt_share or spec.kind != "lognormal" or spec.tailness == 0:
+            return self.draw(n)
+        sigma = lognormal_sigma(spec.tailness)
+        z = (math.sqrt(spec.prompt_share) * self._rng.standard_normal()
+             + math.sqrt(1 - spec.prompt_share) * self._rng.standard_normal(n))
+        out = np.rint(spec.mean * np.exp(sigma * z - sigma * sigma / 2)).astype(np.int64)
+        if spec.cap is not None:
+            out = np.minimum(out, spec.cap)
+        return np.maximum(out, 1).tolist()
 
     def draw(self, n: int) -> list[int]:
         while len(self._buf) < n:  # _buf is a stack: the next length is at the end
@@ -88,4 +108,4 @@ def group_tail_multiplier(spec: LengthSpec, group_size: int) -> float:
         return float(weights @ values / values.mean())
     if spec.kind == "fixed" or spec.tailness == 0:
         return 1.0
-    return tail_multiplier(spec.tailness, group_size, cap=spec.cap, mean=spec.mean)
+    return tail_multiplier(spec.tailness, group_size, cap=spec.cap, mean=spec.mean, prompt_share=spec.prompt_share)

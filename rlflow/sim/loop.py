@@ -147,7 +147,7 @@ class Simulation:
     def new_group(self, gid: int, version: int | None, stage: int = 0) -> Group:
         """The S samples of a fresh prompt of rollout stage `stage`, lengths drawn from that stage's distribution."""
         cfg = self.cfg
-        return Group(gid, version, self.samplers[stage].draw(self._group_sizes[stage]), cfg.prompt_tokens, cfg.turns,
+        return Group(gid, version, self.samplers[stage].draw_group(self._group_sizes[stage]), cfg.prompt_tokens, cfg.turns,
                      stage)
 
     def env_step(self, sample: Sample, done) -> None:

@@ -225,7 +225,8 @@ def test_workload_stages_name_rollout_stages(tmp_path, capsys, stage, rule, text
 def test_per_stage_lengths_reach_the_plan_and_the_closed_form_declines_differing_ones():
     plan = compile_pipeline(MIXED, ["workload.rollout_tokens_per_s=100", "workload.train_tokens_per_s=100",
                                     "edges.6.policy.queue=drop", "edges.6.policy.capacity=8"])
-    assert plan["pipeline"]["workload"]["stages"]["gen_repeat"] == {"mean_length": 12, "tailness": 60, "length_cap": 48}
+    assert plan["pipeline"]["workload"]["stages"]["gen_repeat"] == {"mean_length": 12, "tailness": 60, "length_cap": 48,
+                                                                  "prompt_share": None}
     assert not plan["prediction"]["available"] and "lengths differ" in plan["prediction"]["reason"]
     same = compile_pipeline(MIXED, ["workload.rollout_tokens_per_s=100", "workload.train_tokens_per_s=100",
                                     "edges.6.policy.queue=drop", "edges.6.policy.capacity=8",
