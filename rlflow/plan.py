@@ -22,6 +22,7 @@ from rlflow.graph import (
     resolve_path,
     stages_of,
 )
+from rlflow.plan_read import stage_length_law
 from rlflow.schema import CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
@@ -61,7 +62,7 @@ def predict(spec: Pipeline, control: dict) -> dict:
     concurrency = w.concurrency or sum(r.replicas * r.max_running for r in rollouts)
     mean, tailness, cap, share = w.mean_length, w.tailness, w.length_cap or max(r.max_new_tokens for r in rollouts), w.prompt_share
     if w.stages:  # per-stage lengths: the closed form has one length law, so the stages must agree on it
-        laws = {_stage_lengths(w, name, spec.stages[name]) for name in stages_of(spec, "rollout")}
+        laws = {stage_length_law(w.model_dump(), name, spec.stages[name].max_new_tokens) for name in stages_of(spec, "rollout")}
         if len(laws) > 1:
             return {"available": False, "reason": "the rollout stages' lengths differ (workload.stages) and the closed form "
                                                   "models one length distribution; `rlflow simulate` runs each stage's"}
@@ -72,14 +73,6 @@ def predict(spec: Pipeline, control: dict) -> dict:
     p = predict_mean_staleness(rho=rho, concurrency=concurrency, batch=control["batch_size"] * group, tail=tail, queue_factor=q)
     return {"available": True, **p.as_dict(), "tail_multiplier": tail, "concurrency": concurrency,
             "batch_samples": control["batch_size"] * group, "queue_factor": q}
-
-
-def _stage_lengths(w, name: str, stage) -> tuple[float, float, int, float]:
-    """A rollout stage's (mean_length, tailness, length_cap, prompt_share): workload.stages.<name>, else the workload
-    block's; the cap else the stage's max_new_tokens (as rlflow/sim/from_plan.py reads them)."""
-    own = (w.stages or {}).get(name)
-    pick = lambda key: getattr(own, key) if own is not None and getattr(own, key) is not None else getattr(w, key)
-    return pick("mean_length"), pick("tailness"), pick("length_cap") or stage.max_new_tokens, pick("prompt_share")
 
 
 def _tasks(spec: Pipeline, base_dir: Path) -> dict[str, dict]:

@@ -24,6 +24,15 @@ def rollout_order(plan: dict) -> list[str]:
     return [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
 
 
+def stage_length_law(workload: dict, name: str, max_new_tokens: int) -> tuple[float, float, int, float]:
+    """Rollout stage `name`'s (mean_length, tailness, length_cap, prompt_share): workload.stages.<name>'s where set,
+    else the workload block's; the cap else the stage's max_new_tokens. The compiler's closed form and the simulator
+    both read a stage's lengths here."""
+    own = (workload.get("stages") or {}).get(name) or {}
+    pick = lambda key: own[key] if own.get(key) is not None else workload.get(key)
+    return pick("mean_length"), pick("tailness"), pick("length_cap") or max_new_tokens, pick("prompt_share") or 0.0
+
+
 @dataclass(frozen=True)
 class PlanCoordination:
     """A rollout stage's coordination choices (staleflow.txt §5.3), read once for the simulator and `rlflow run`."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.plan_read import PlanCoordination, rollout_order, stage_coordination
+from rlflow.plan_read import PlanCoordination, rollout_order, stage_coordination, stage_length_law
 from rlflow.plan_read import load_profile as read_profile
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.lengths import expected_length
@@ -129,10 +129,7 @@ def _elastic(rollout: dict) -> dict:
 def stage_lengths(w: dict, name: str, rollout: dict) -> LengthSpec:
     """A rollout stage's response lengths: workload.stages.<name>'s, else the workload block's; the cap else the
     stage's max_new_tokens."""
-    own = (w.get("stages") or {}).get(name) or {}
-    mean, tailness, share = (own.get(k) if own.get(k) is not None else w.get(k, 0.0)
-                             for k in ("mean_length", "tailness", "prompt_share"))
-    cap = own.get("length_cap") or w["length_cap"] or rollout["max_new_tokens"]
+    mean, tailness, cap, share = stage_length_law(w, name, rollout["max_new_tokens"])
     return LengthSpec(kind="lognormal" if tailness > 0 else "fixed", mean=mean, tailness=tailness, cap=cap,
                       prompt_share=share if tailness > 0 else 0.0)
 
