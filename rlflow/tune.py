@@ -132,7 +132,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
     from rlflow.sim.from_plan import (ONE_STAGE_RULE, decode_rate, load_profile, not_simulable, plan_profiles,
-                                      plan_rollouts, stage_lengths)
+                                      plan_rollouts, share_notes, stage_lengths)
 
     why = not_simulable(plan)
     if why:
@@ -143,6 +143,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     control = plan["control"]["staleness"]
     profile = profile or next(iter(plan_profiles(plan)), None)
     prof = load_profile(profile, notes)
+    notes += share_notes(plan)
     g = gpus_per_instance(profile, per_instance, notes)
     if gpus < len(rollouts) * g + 1:
         raise TuneArgError("--gpus", f"{gpus} GPUs cannot hold one rollout instance ({g} GPUs) per rollout stage "

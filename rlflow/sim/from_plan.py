@@ -126,6 +126,20 @@ def _elastic(rollout: dict) -> dict:
     return {"elastic_min": e["min_replicas"], "elastic_max": e["max_replicas"], "elastic_window": e["window_steps"]}
 
 
+def share_notes(plan: dict) -> list[str]:
+    """The prompt-share assumption, for each skew-aware stage with varying lengths: what a prompt ranker can find
+    depends on it (benchmarks/prompt_share.py)."""
+    w = plan["pipeline"]["workload"]
+    out = []
+    for name, rollout in plan_rollouts(plan):
+        lengths = stage_lengths(w, name, rollout)
+        if stage_coordination(plan, name).skew_aware and lengths.kind == "lognormal":
+            out.append(f"{name}: a prompt's samples share {lengths.prompt_share:g} of the log-length variance "
+                       "(workload.prompt_share; 0: independent lengths, 1: equal within a prompt): an assumption; a run "
+                       "measures it as length_prompt_share")
+    return out
+
+
 def stage_lengths(w: dict, name: str, rollout: dict) -> LengthSpec:
     """A rollout stage's response lengths: workload.stages.<name>'s, else the workload block's; the cap else the
     stage's max_new_tokens."""
@@ -217,9 +231,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
             prof = replace(prof, max_running=rollout["max_running"])
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)
             notes.append(f"ranker {ranker!r}: the simulator has no prompt text; simulated as a noisy oracle (lognormal error, sigma 0.5)")
-        if pc.skew_aware and lengths.kind == "lognormal":  # what a prompt ranker can find depends on it
-            notes.append(f"a prompt's samples share {lengths.prompt_share:g} of the log-length variance (workload.prompt_share; "
-                         "0: independent lengths, 1: equal within a prompt): an assumption; a run measures it as length_prompt_share")
+        notes += share_notes(plan)
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
         v_r = decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)

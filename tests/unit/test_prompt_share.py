@@ -88,3 +88,13 @@ def test_a_run_measures_the_share_it_was_given():
         measured = prompt_share(groups(spec(share), n=3000).tolist())
         assert measured == pytest.approx(share, abs=0.04)
     assert prompt_share([[5, 5, 5]]) == 0.0 and prompt_share([[4, 4], [4, 4]]) == 0.0  # one group; no variance
+
+
+def test_a_skew_aware_plan_states_its_share_assumption_and_others_do_not():
+    from rlflow.sim.from_plan import share_notes, sim_config
+
+    streamrl = compile_pipeline(REPO / "pipelines" / "streamrl.yaml", ["workload.prompt_share=0.7"])
+    (note,) = share_notes(streamrl)
+    assert note.startswith("rollout: a prompt's samples share 0.7 of the log-length variance")
+    assert note in sim_config(streamrl, steps=5)[1]
+    assert share_notes(compile_pipeline(REPO / "pipelines" / "staleflow.yaml", ["workload.tailness=60"])) == []
