@@ -283,6 +283,13 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     finally:
         if started:
             ray.shutdown()
+    measured = summary.get("workload_measured")
+    if measured:
+        from rlflow.runtime.workload_measured import as_overrides
+
+        log(f"measured on the last {measured['groups']} trained groups: mean length {measured['mean_length']:g}, "
+            f"tailness {measured['tailness']:g}, prompt_share {measured['prompt_share']:g}; to simulate or tune with "
+            f"them: {as_overrides(measured)}")
     if summary["stopped"]:
         log(f"stopped at step {summary['steps']}; resume with: rlflow run --resume "
             f"(the newest run), or --resume {out_dir.name} (this one)")

@@ -9,27 +9,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
 from rlflow.runtime.progress import Progress
-
-
-def prompt_share(groups: list[list[int]]) -> float:
-    """The share of log-length variance that lies between groups: the intraclass correlation of ln(length) by
-    one-way analysis of variance, (MSB - MSW) / (MSB + (n - 1) MSW) with n the mean group size, clipped to [0, 1] (0
-    with fewer than two groups of two, or no variance). It estimates workload.prompt_share (rlflow/sim/lengths.py)
-    from a trained batch, which filters and lengths capped at max_new_tokens bias."""
-    groups = [[math.log(max(1, n)) for n in g] for g in groups if len(g) > 1]
-    total = sum(len(g) for g in groups)
-    if len(groups) < 2:
-        return 0.0
-    grand = sum(map(sum, groups)) / total
-    means = [sum(g) / len(g) for g in groups]
-    msb = sum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means)) / (len(groups) - 1)
-    msw = sum((x - m) ** 2 for g, m in zip(groups, means) for x in g) / (total - len(groups))
-    n = total / len(groups)
-    if msb + (n - 1) * msw <= 0:
-        return 0.0
-    return min(1.0, max(0.0, (msb - msw) / (msb + (n - 1) * msw)))
+from rlflow.runtime.workload_measured import MEASURED_GROUPS, measured_workload, prompt_share
 
 
 def _mean(xs) -> float | None:
@@ -50,6 +33,7 @@ class Metrics:
         self._busy_prev = 0.0
         self._instance_s_prev = 0.0
         self.t0 = time.monotonic()
+        self.trained_groups: deque[list[int]] = deque(maxlen=MEASURED_GROUPS)  # lengths, for the measured workload
 
     @staticmethod
     def batch_info(rewards: dict[str, float], groups: dict[str, list[str]], staleness: dict[str, int],
@@ -113,6 +97,7 @@ class Metrics:
         if recall is not None:
             row["ranker_recall_top20"] = recall
         self.staleness_all += st
+        self.trained_groups.extend(info["group_lengths"])
         self.history.append(row)
         return row
 
@@ -152,5 +137,5 @@ class Metrics:
                 "reward_last": _mean([r["reward_all_mean"] for r in h[-k:]]), "window": k,
                 "staleness_mean": _mean(st) or 0.0, "staleness_max": max(st, default=0),
                 "counters": vars(counters), **counts, "elapsed_s": time.monotonic() - self.t0,
-                "mlflow_run_id": run_id, **({"ranker_recall_top20": recall} if recall is not None else {}),
+                "mlflow_run_id": run_id, "workload_measured": measured_workload(list(self.trained_groups)), **({"ranker_recall_top20": recall} if recall is not None else {}),
                 **({"eval_first": self.evals[0], "eval_last": self.evals[-1], "evals": len(self.evals)} if self.evals else {})}

@@ -60,6 +60,9 @@ def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     assert data.params["stages.train.steps"] == "3"
     assert {"reward_mean", "loss", "staleness_mean", "tokens_per_s", "rollout_idle_ratio", "length_prompt_share"} <= set(data.metrics)
     assert all(0 <= h["length_prompt_share"] <= 1 for h in run.history)
+    measured = run.summary()["workload_measured"]  # what simulate / tune would otherwise assume, from the trained groups
+    assert measured["groups"] == 2 * len(run.history)  # SMALL: 2 groups a step
+    assert 0 < measured["mean_length"] <= plan["pipeline"]["stages"]["rollout"]["max_new_tokens"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.tracker.run_id, "plots")}
     assert {"plots/staleness.png", "plots/instance_load.png", "plots/learning_curves.png"} <= artifacts
     if pipeline == "synchronous":  # the export is this run's MLflow model, with the plan under rlflow/

@@ -82,7 +82,7 @@ def test_the_plan_carries_the_share_to_the_simulator():
 
 
 def test_a_run_measures_the_share_it_was_given():
-    from rlflow.runtime.metrics import prompt_share
+    from rlflow.runtime.workload_measured import prompt_share
 
     for share in (0.0, 0.4, 0.8, 1.0):
         measured = prompt_share(groups(spec(share), n=3000).tolist())
@@ -98,3 +98,15 @@ def test_a_skew_aware_plan_states_its_share_assumption_and_others_do_not():
     assert note.startswith("rollout: a prompt's samples share 0.7 of the log-length variance")
     assert note in sim_config(streamrl, steps=5)[1]
     assert share_notes(compile_pipeline(REPO / "pipelines" / "staleflow.yaml", ["workload.tailness=60"])) == []
+
+
+def test_a_run_measures_the_workload_it_was_given():
+    from rlflow.runtime.workload_measured import as_overrides, measured_workload
+
+    drawn = groups(LengthSpec(kind="lognormal", mean=300, tailness=80, prompt_share=0.6), n=3000).tolist()
+    m = measured_workload(drawn)
+    assert m["groups"] == 3000 and m["mean_length"] == pytest.approx(300, rel=0.05)
+    assert m["tailness"] == pytest.approx(80, rel=0.05) and m["prompt_share"] == pytest.approx(0.6, abs=0.04)
+    assert as_overrides(m) == (f"--set workload.mean_length={m['mean_length']:g} --set workload.tailness={m['tailness']:g} "
+                               f"--set workload.prompt_share={m['prompt_share']:g}")
+    assert measured_workload([[5, 6]]) is None
