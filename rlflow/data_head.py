@@ -15,6 +15,7 @@ HEAD_ROWS = 1000  # rows checked up front; the stream checks every row it draws
 
 READ_FIX = "check that the file is JSON lines (.jsonl/.json) or Parquet"
 COLUMN_FIX = "set prompt_field / answer_field to the right columns"
+_ARRAY = object()  # _json_lines: the file is one JSON array, not JSON lines
 
 
 def missing(value) -> bool:
@@ -36,11 +37,18 @@ def head_problem(path: str | Path, fields: tuple[str, str], rows: int | None = N
     shown = name or str(path)
     if str(path).endswith(".parquet"):
         return _parquet_head(str(path), fields, rows, shown)
+    try:
+        return _json_head(str(path), fields, rows, shown)
+    except (OSError, UnicodeDecodeError) as err:  # unreadable, or not text: the same problem for the user
+        return (f"cannot read '{shown}': {type(err).__name__}: {err}"[:300], "bad-data", READ_FIX)
+
+
+def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tuple[str, str, str] | None:
     seen = 0
-    for number, row in _json_lines(str(path)):
+    for number, row in _json_lines(path):
         if isinstance(row, Exception):
             return (f"cannot read '{shown}' line {number}: not JSON ({row})", "bad-data", READ_FIX)
-        if row == "array":
+        if row is _ARRAY:
             return None
         if not isinstance(row, dict):
             return (f"cannot read '{shown}' line {number}: a {type(row).__name__}, not a JSON object", "bad-data", READ_FIX)
@@ -85,14 +93,14 @@ def _row_problem(row: dict, fields: tuple[str, str], where: str) -> tuple[str, s
 
 
 def _json_lines(path: str):
-    """(line number, parsed row or the parse error) for each non-blank line; ("array" once) for a JSON array file."""
+    """(line number, parsed row or the parse error) for each non-blank line; (1, _ARRAY) for a JSON array file."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             text = line.strip()
             if not text:
                 continue
             if number == 1 and text.startswith("["):
-                yield number, "array"
+                yield number, _ARRAY
                 return
             try:
                 yield number, json.loads(text)

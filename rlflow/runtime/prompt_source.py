@@ -156,8 +156,7 @@ class _TaskRows:
             except ray.exceptions.RayTaskError as e:  # raised by the read: the file's content is the problem
                 self._rows, cause = None, getattr(e, "cause", None) or e
                 self.fail(f"cannot read '{self.spec['source']}': {type(cause).__name__}: "
-                          f"{(str(cause).splitlines() or [''])[0][:200]}", "bad-data",
-                          READ_FIX)
+                          f"{(str(cause).splitlines() or [''])[0][:200]}", "bad-data", READ_FIX)
             if row is not None:
                 if self.in_epoch == 0:
                     self._check_columns(row)
@@ -176,11 +175,10 @@ class _TaskRows:
             self.epoch, self.in_epoch = self.epoch + 1, 0
 
     def _check_columns(self, row: dict) -> None:
-        missing = [f for f in self.fields if f not in row]
-        if missing:
-            self.fail(f"'{self.spec['source']}' has no column {', '.join(repr(m) for m in missing)} "
-                      f"(columns: {', '.join(row)})", "bad-data",
-                      COLUMN_FIX)
+        absent = [f for f in self.fields if f not in row]
+        if absent:
+            self.fail(f"'{self.spec['source']}' has no column {', '.join(repr(m) for m in absent)} "
+                      f"(columns: {', '.join(row)})", "bad-data", COLUMN_FIX)
 
     def _check_row(self, row: dict) -> None:
         """Every row needs a prompt and an answer: a missing or null one would be trained on as the text

@@ -47,6 +47,14 @@ def test_a_line_that_is_not_a_json_object_is_bad_data(tmp_path, line, what):
     assert "JSON lines" in fix
 
 
+def test_a_file_that_is_not_text_is_bad_data_not_a_crash(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n\xff\xfe\x00junk\n')
+    message, rule, _ = head_problem(path, FIELDS)
+    assert rule == "bad-data" and message.startswith(f"cannot read '{path}': UnicodeDecodeError"), message
+    assert head_problem(jsonl(tmp_path / "q.jsonl", ['"array"']), FIELDS)[0].endswith("a str, not a JSON object")
+
+
 def test_columns_are_named_from_the_first_row(tmp_path):
     path = jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer": "a"}] * 3)
     assert head_problem(path, FIELDS)[:2] == (f"'{path}' has no column 'prompt' (columns: question, answer)", "bad-data")
