@@ -263,9 +263,10 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         screen_all(([] if shipped.screen else [shipped]) + [c for c in candidates if not c.shipped and c.bound >
                     shipped.runs[0]["tokens_per_s"] and not too_loose(c, shipped, name)])
         limit = shipped.screen["max_staleness"]
+        n_screened = sum(1 for c in candidates if c.screen)
         progress(f"tune: {len(splits)} splits x {len(candidates) // len(splits)} settings = {len(candidates)} candidates; "
-                 f"screened {sum(1 for c in candidates if c.screen)} ({screen} steps each), pruned the rest: their "
-                 "closed-form bound is below the shipped setting's throughput")
+                 f"screened {n_screened} ({screen} steps each)" + (", pruned the rest: their closed-form bound is below the "
+                 "shipped setting's throughput" if n_screened < len(candidates) else ", none pruned by the closed form"))
         # Refine the split: the grid has at most 9 splits, and the best one often lies between two of them. Screen the
         # splits halfway between the fastest screened point within the staleness limit and its neighbours (same knob
         # and batch), and again around the new best if it moved: a hill climb of REFINE_ROUNDS halvings.
