@@ -23,8 +23,24 @@ def missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def missing_fix(what: str) -> str:
-    return f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one"
+def missing_problem(where: str, field: str, what: str) -> tuple[str, str, str]:
+    """A row at `where` lacks its `what` (prompt or answer), held in column `field`."""
+    return (f"{where} has no {what} ({field!r} is missing or null)", f"missing-{what}",
+            f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one")
+
+
+def column_problem(shown: str, fields: tuple[str, str], columns) -> tuple[str, str, str] | None:
+    """The file's columns lack one of `fields`, or None."""
+    columns = list(columns)
+    absent = [f for f in fields if f not in columns]
+    if not absent:
+        return None
+    return (f"'{shown}' has no column {', '.join(repr(f) for f in absent)} (columns: {', '.join(columns)})", "bad-data",
+            COLUMN_FIX)
+
+
+def no_rows_problem(shown: str) -> tuple[str, str, str]:
+    return (f"'{shown}' has no rows", "bad-data", "point the task at a file with prompts")
 
 
 def head_problem(path: str | Path, fields: tuple[str, str], rows: int | None = None,
@@ -52,18 +68,14 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
             return None
         if not isinstance(row, dict):
             return (f"cannot read '{shown}' line {number}: a {type(row).__name__}, not a JSON object", "bad-data", READ_FIX)
-        if seen == 0:
-            absent = [f for f in fields if f not in row]
-            if absent:
-                return (f"'{shown}' has no column {', '.join(repr(f) for f in absent)} (columns: {', '.join(row)})",
-                        "bad-data", COLUMN_FIX)
-        problem = _row_problem(row, fields, f"'{shown}' line {number}")
+        problem = column_problem(shown, fields, row) if seen == 0 else None  # columns: named from the first row
+        problem = problem or _row_problem(row, fields, f"'{shown}' line {number}")
         if problem:
             return problem
         seen += 1
         if seen >= rows:
             return None
-    return None if seen else (f"'{shown}' has no rows", "bad-data", "point the task at a file with prompts")
+    return None if seen else no_rows_problem(shown)
 
 
 def first_missing(path: str | Path, field: str) -> str | None:
@@ -88,7 +100,7 @@ def first_missing(path: str | Path, field: str) -> str | None:
 def _row_problem(row: dict, fields: tuple[str, str], where: str) -> tuple[str, str, str] | None:
     for field, what in zip(fields, ("prompt", "answer")):
         if missing(row.get(field)):
-            return (f"{where} has no {what} ({field!r} is missing or null)", f"missing-{what}", missing_fix(what))
+            return missing_problem(where, field, what)
     return None
 
 
@@ -115,13 +127,11 @@ def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> 
         file = pq.ParquetFile(path)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same problem for the user
         return (f"cannot read '{shown}': {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}", "bad-data", READ_FIX)
-    names = file.schema_arrow.names
-    absent = [f for f in fields if f not in names]
-    if absent:
-        return (f"'{shown}' has no column {', '.join(repr(f) for f in absent)} (columns: {', '.join(names)})",
-                "bad-data", COLUMN_FIX)
+    problem = column_problem(shown, fields, file.schema_arrow.names)
+    if problem:
+        return problem
     if file.metadata.num_rows == 0:
-        return (f"'{shown}' has no rows", "bad-data", "point the task at a file with prompts")
+        return no_rows_problem(shown)
     batch = next(file.iter_batches(batch_size=rows, columns=list(fields)))
     for i, row in enumerate(batch.to_pylist()):
         problem = _row_problem(row, fields, f"'{shown}' row {i + 1}")

@@ -90,10 +90,9 @@ def _check_workload(spec: Pipeline, problems: list[Problem]) -> None:
     fix = f"name a rollout stage: {', '.join(rollouts)}"
     w = spec.workload
     for loc, own in [(("workload",), w), *((("workload", "stages", n), s) for n, s in (w.stages or {}).items())]:
-        share = own.prompt_share if own.prompt_share is not None else w.prompt_share
         tailness = own.tailness if own.tailness is not None else w.tailness
-        if share and not tailness and own.prompt_share:
-            problems.append(Problem(loc + ("prompt_share",), f"prompt_share {share:g} with tailness 0: every length is "
+        if own.prompt_share and not tailness:  # only where it is declared: an inherited share is not the user's here
+            problems.append(Problem(loc + ("prompt_share",), f"prompt_share {own.prompt_share:g} with tailness 0: every length is "
                                     "the mean, so there is no variance for a prompt to share", "prompt-share-without-tail",
                                     "set a tailness (e.g. 60), or remove prompt_share"))
     for name in w.stages or {}:

@@ -62,7 +62,8 @@ def predict(spec: Pipeline, control: dict) -> dict:
     concurrency = w.concurrency or sum(r.replicas * r.max_running for r in rollouts)
     mean, tailness, cap, share = w.mean_length, w.tailness, w.length_cap or max(r.max_new_tokens for r in rollouts), w.prompt_share
     if w.stages:  # per-stage lengths: the closed form has one length law, so the stages must agree on it
-        laws = {stage_length_law(w.model_dump(), name, spec.stages[name].max_new_tokens) for name in stages_of(spec, "rollout")}
+        declared = w.model_dump()
+        laws = {stage_length_law(declared, name, spec.stages[name].max_new_tokens) for name in stages_of(spec, "rollout")}
         if len(laws) > 1:
             return {"available": False, "reason": "the rollout stages' lengths differ (workload.stages) and the closed form "
                                                   "models one length distribution; `rlflow simulate` runs each stage's"}

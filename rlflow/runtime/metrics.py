@@ -42,8 +42,7 @@ class Metrics:
         tids = list(rewards)
         gid = {t: t.split("/")[0] for t in tids}
         return {"staleness": [staleness[g] for g in groups], "rewards": [rewards[t] for t in tids],
-                "lengths": [lengths[t] for t in tids], "group_max": [max(lengths[t] for t in m) for m in groups.values()],
-                "group_lengths": [[lengths[t] for t in m] for m in groups.values()],
+                "lengths": [lengths[t] for t in tids], "group_lengths": [[lengths[t] for t in m] for m in groups.values()],
                 "task_of_traj": [gid[t].rsplit("-", 1)[0] for t in tids],
                 "staleness_of_traj": [staleness[gid[t]] for t in tids]}
 
@@ -68,7 +67,7 @@ class Metrics:
             "staleness_mean": _mean(st), "staleness_max": max(st),
             "length_mean": mean_len, "length_max": max(lengths, default=0),
             # measured group tailness multiplier M_tail = E[max over a group] / E[L] (staleness-model.md)
-            "length_tailness": (_mean(info["group_max"]) / mean_len) if mean_len else 0.0,
+            "length_tailness": (_mean([max(g) for g in info["group_lengths"]]) / mean_len) if mean_len else 0.0,
             # measured workload.prompt_share: how alike a prompt's samples are in length (the simulator's input)
             "length_prompt_share": prompt_share(info["group_lengths"]),
             "trajectories_per_s": len(rw) / wall, "tokens_per_s": trained.get("tokens", 0) / wall,
@@ -137,5 +136,6 @@ class Metrics:
                 "reward_last": _mean([r["reward_all_mean"] for r in h[-k:]]), "window": k,
                 "staleness_mean": _mean(st) or 0.0, "staleness_max": max(st, default=0),
                 "counters": vars(counters), **counts, "elapsed_s": time.monotonic() - self.t0,
-                "mlflow_run_id": run_id, "workload_measured": measured_workload(list(self.trained_groups)), **({"ranker_recall_top20": recall} if recall is not None else {}),
+                "mlflow_run_id": run_id, "workload_measured": measured_workload(list(self.trained_groups)),
+                **({"ranker_recall_top20": recall} if recall is not None else {}),
                 **({"eval_first": self.evals[0], "eval_last": self.evals[-1], "evals": len(self.evals)} if self.evals else {})}

@@ -18,7 +18,8 @@ import ray
 from ray.data import DataContext
 
 from rlflow import registry
-from rlflow.data_head import COLUMN_FIX, READ_FIX, first_missing, head_problem, missing, missing_fix
+from rlflow.data_head import (READ_FIX, column_problem, first_missing, head_problem, missing, missing_problem,
+                              no_rows_problem)
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.runtime.evaluation import held_out
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
@@ -170,23 +171,21 @@ class _TaskRows:
                 return row
             self._rows = None
             if self.in_epoch == 0:
-                self.fail(f"'{self.spec['source']}' has no rows", "bad-data", "point the task at a file with prompts")
+                self.fail(*no_rows_problem(self.spec["source"]))
             self._cached, self._first = self._cached or self._first, None
             self.epoch, self.in_epoch = self.epoch + 1, 0
 
     def _check_columns(self, row: dict) -> None:
-        absent = [f for f in self.fields if f not in row]
-        if absent:
-            self.fail(f"'{self.spec['source']}' has no column {', '.join(repr(m) for m in absent)} "
-                      f"(columns: {', '.join(row)})", "bad-data", COLUMN_FIX)
+        problem = column_problem(self.spec["source"], self.fields, row)
+        if problem:
+            self.fail(*problem)
 
     def _check_row(self, row: dict) -> None:
         """Every row needs a prompt and an answer: a missing or null one would be trained on as the text
         'None' (missing-prompt / missing-answer, naming the row)."""
         for field, what in zip(self.fields, ("prompt", "answer")):
             if missing(row.get(field)):
-                self.fail(f"{self._where_missing(field)} has no {what} ({field!r} is missing or null)", f"missing-{what}",
-                          missing_fix(what))
+                self.fail(*missing_problem(self._where_missing(field), field, what))
 
     def _where_missing(self, field: str) -> str:
         """Where the file first lacks `field`: "'p.jsonl' line 7" (rows are drawn shuffled, so the row drawn is

@@ -48,13 +48,9 @@ class LengthSampler:
         spec = self.spec
         if not spec.prompt_share or spec.kind != "lognormal" or spec.tailness == 0:
             return self.draw(n)
-        sigma = lognormal_sigma(spec.tailness)
         z = (math.sqrt(spec.prompt_share) * self._rng.standard_normal()
              + math.sqrt(1 - spec.prompt_share) * self._rng.standard_normal(n))
-        out = np.rint(spec.mean * np.exp(sigma * z - sigma * sigma / 2)).astype(np.int64)
-        if spec.cap is not None:
-            out = np.minimum(out, spec.cap)
-        return np.maximum(out, 1).tolist()
+        return self._lognormal(z).tolist()
 
     def draw(self, n: int) -> list[int]:
         while len(self._buf) < n:  # _buf is a stack: the next length is at the end
@@ -74,13 +70,17 @@ class LengthSampler:
         if spec.kind == "file":
             return self._rng.choice(self._recorded, size=_CHUNK)
         if spec.kind == "fixed" or spec.tailness == 0:
-            out = np.full(_CHUNK, round(spec.mean), dtype=np.int64)
-        else:
-            sigma = lognormal_sigma(spec.tailness)
-            z = self._rng.standard_normal(_CHUNK)
-            out = np.rint(spec.mean * np.exp(sigma * z - sigma * sigma / 2)).astype(np.int64)
-        if spec.cap is not None:
-            out = np.minimum(out, spec.cap)
+            return self._bounded(np.full(_CHUNK, round(spec.mean), dtype=np.int64))
+        return self._lognormal(self._rng.standard_normal(_CHUNK))
+
+    def _lognormal(self, z: np.ndarray) -> np.ndarray:
+        """Lengths from standard normals: mean * exp(sigma z - sigma^2 / 2), rounded, capped, at least 1."""
+        sigma = lognormal_sigma(self.spec.tailness)
+        return self._bounded(np.rint(self.spec.mean * np.exp(sigma * z - sigma * sigma / 2)).astype(np.int64))
+
+    def _bounded(self, out: np.ndarray) -> np.ndarray:
+        if self.spec.cap is not None:
+            out = np.minimum(out, self.spec.cap)
         return np.maximum(out, 1)
 
 
