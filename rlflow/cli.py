@@ -25,12 +25,19 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a pipeline field, e.g. --set stages.train.lr=1e-5 (repeatable)")
 
+    def gpus(p):
+        p.add_argument("--gpus", type=_gpu_count, default=None, metavar="N",
+                       help="compile for a cluster of N GPUs (default: the GPUs of this machine; a cluster joined with "
+                            "resources.address is not counted)")
+
     p = sub.add_parser("compile", help="validate a pipeline, write .rlflow/plan.json and a picture, print the summary")
     p.add_argument("pipeline", help="pipeline YAML file")
     p.add_argument("-o", "--output", default=None, help="plan path (default .rlflow/plan.json)")
+    gpus(p)
     overrides(p)
     p = sub.add_parser("validate", help="check a pipeline and report every problem; writes nothing")
     p.add_argument("pipeline")
+    gpus(p)
     overrides(p)
     sub.add_parser("schema", help="print the pipeline JSON Schema (for editor completion)")
     p = sub.add_parser("run", help="execute a compiled plan on Ray")
@@ -108,10 +115,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _gpu_count(text: str) -> int:
+    """--gpus N: a whole number >= 0 (argparse exits 2 on anything else)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a whole number of GPUs, 0 or more, not {text!r}")
+    return int(text)
+
+
 def _compile(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, summary, write_plan
 
-    plan = compile_pipeline(args.pipeline, args.overrides)
+    plan = compile_pipeline(args.pipeline, args.overrides, args.gpus)
     path, svg = write_plan(plan, args.output or DEFAULT_PLAN)
     print(summary(plan))
     print(f"\nwrote {path} and {svg}")
@@ -122,7 +136,7 @@ def _compile(args) -> int:
 def _validate(args) -> int:
     from rlflow.compiler import check_pipeline
 
-    spec, _ = check_pipeline(args.pipeline, args.overrides)
+    spec, _ = check_pipeline(args.pipeline, args.overrides, args.gpus)
     print(f"{args.pipeline}: ok ({len(spec.stages)} stages, {len(spec.edges)} edges)")
     return EXIT_OK
 
@@ -141,14 +155,14 @@ def _schema(args) -> int:
 def _run(args) -> int:
     from pathlib import Path
 
-    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan, write_plan
+    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan, write_plan
 
     if args.resume not in (None, "latest") and args.plan is None and Path(args.resume).is_file():
         args.plan, args.resume = args.resume, "latest"  # `rlflow run --resume plan.json`: the plan, not a run
     plan_path = args.plan or DEFAULT_PLAN
     plan = read_plan(plan_path)
     if args.overrides:
-        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
+        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides, gpus_given(plan))
         write_plan(plan, plan_path)
     from rlflow.runtime.launch import launch
 
@@ -226,7 +240,7 @@ def _stage_instances(config) -> str:
 
 
 def _simulate(args) -> int:
-    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, read_plan
+    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan
     from rlflow.errors import Problem
     from rlflow.sim import SimConfigError, SimulationStalled, simulate
     from rlflow.sim.from_plan import plan_rollouts, sim_config
@@ -234,7 +248,7 @@ def _simulate(args) -> int:
 
     plan = read_plan(args.plan or DEFAULT_PLAN)
     if args.overrides:
-        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides)
+        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides, gpus_given(plan))
     _simulable(plan)
     rollouts = [n for n, _ in plan_rollouts(plan)]
     if args.instances is not None and len(rollouts) > 1:

@@ -2,9 +2,10 @@
 
 A request the cluster cannot hold would otherwise leave an actor or the trainer's placement group pending
 until a start-up timeout. Checked here only what is known at compile time: the embedded local cluster's
-declared `resources` (a cluster joined with `--address` is checked when the run places the trainer,
-train_sink.py, rule cluster-too-small there too). An elastic rollout stage counts at its max_replicas: the embedded
-cluster has no autoscaler, so an instance it cannot place would only wait out its start_timeout_s.
+declared `resources.num_cpus` (a cluster joined with `--address` is checked when the run places the trainer,
+train_sink.py, rule cluster-too-small there too); GPUs are the device rules' (rlflow/devices.py). An elastic rollout
+stage counts at its max_replicas: the embedded cluster has no autoscaler, so an instance it cannot place would only
+wait out its start_timeout_s.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from rlflow.errors import Problem
 from rlflow.schema import Pipeline
 
 
-_AT_PEAK = " (elastic stages at their max_replicas)"
+AT_PEAK = " (elastic stages at their max_replicas)"
 
 
-def _peak(stage) -> int:
+def peak(stage) -> int:
     """Instances or ranks a stage may hold at once: an elastic rollout stage's max_replicas."""
     elastic = getattr(stage, "elastic", None)
     return max(stage.replicas, elastic.max_replicas) if elastic else getattr(stage, "replicas", getattr(stage, "concurrency", 1))
@@ -40,21 +41,16 @@ def check_resources(spec: Pipeline, batch_groups: int | None, problems: list[Pro
                 problems.append(Problem(loc, f"{s.replicas} trainer ranks but only {per_step} trajectories per step: "
                                         "a rank would have nothing to train", "ranks-exceed-batch",
                                         f"use at most {per_step} replicas, or a larger batch"))
-        if 0 < s.num_gpus < 1:
+        if s.num_gpus is not None and 0 < s.num_gpus < 1:
             problems.append(Problem(("stages", name, "num_gpus"), f"{s.replicas} trainer ranks sharing GPUs "
                                     f"(num_gpus {s.num_gpus:g} each): NCCL needs one GPU per rank", "ranks-share-gpus",
                                     "set num_gpus: 1 (one GPU per rank), or replicas: 1"))
     if spec.resources.address is not None:
         return
     elastic = any(getattr(s, "elastic", None) for s in spec.stages.values())
-    gpus = sum(s.num_gpus * _peak(s) for s in spec.stages.values() if s.kind in ("rollout", "train"))
-    if gpus > spec.resources.num_gpus:
-        problems.append(Problem(("resources", "num_gpus"), f"the stages ask for {gpus:g} GPU(s){_AT_PEAK if elastic else ''} but the embedded cluster "
-                                f"has resources.num_gpus {spec.resources.num_gpus}", "cluster-too-small",
-                                f"set resources.num_gpus to {gpus:g} (or more), or lower the stages' num_gpus"))
     if spec.resources.num_cpus is not None:
-        cpus = sum(s.num_cpus * _peak(s) for s in spec.stages.values() if s.kind in ("rollout", "train", "reward"))
+        cpus = sum(s.num_cpus * peak(s) for s in spec.stages.values() if s.kind in ("rollout", "train", "reward"))
         if cpus > spec.resources.num_cpus:
-            problems.append(Problem(("resources", "num_cpus"), f"the stages ask for {cpus:g} CPU(s){_AT_PEAK if elastic else ''} but the embedded cluster "
+            problems.append(Problem(("resources", "num_cpus"), f"the stages ask for {cpus:g} CPU(s){AT_PEAK if elastic else ''} but the embedded cluster "
                                     f"has resources.num_cpus {spec.resources.num_cpus}", "cluster-too-small",
                                     f"raise resources.num_cpus to {cpus:g} (or leave it unset), or lower the stages' num_cpus"))

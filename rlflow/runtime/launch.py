@@ -216,6 +216,23 @@ def preflight(plan: dict) -> None:
         raise PipelineInvalid(plan["source"], problems)
 
 
+def check_local_gpus(plan: dict) -> None:
+    """Before an embedded cluster starts with the plan's GPUs: a plan compiled for GPUs this machine lacks (`rlflow
+    compile --gpus N` elsewhere) would hand actors GPU ids that are not there. PipelineInvalid (exit 2) then."""
+    from rlflow.devices import local_gpus
+
+    declared = plan["resources"]["cluster"]["num_gpus"]
+    want = max(declared if isinstance(declared, (int, float)) else 0, plan["resources"]["num_gpus"])
+    have = local_gpus()
+    if want > have.gpus:
+        compiled = (plan.get("devices") or {}).get("counted_by", "resources.num_gpus")
+        raise PipelineInvalid(plan["source"], [Problem(
+            ("resources", "num_gpus"), f"the plan was compiled for {want:g} GPU(s) ({compiled}), but this machine has "
+            f"{have.gpus} ({have.counted_by})", "no-gpus" if have.gpus == 0 else "more-gpus-than-cluster",
+            f"compile it here (rlflow compile {plan['source']}, without --gpus), run it where it was compiled for, or "
+            "join a cluster that has them with --address")])
+
+
 def launch(plan: dict, *, resume: bool | str = False, address: str | None = None, log=print,
            root: Path = RUNS_DIR) -> dict:
     """Run the plan to completion (or Ctrl-C); returns the run summary. `resume`: False (a new run), True or
@@ -245,6 +262,8 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     cluster = plan["resources"]["cluster"]
     address = address or cluster["address"]
     started = not ray.is_initialized()
+    if started and not address:
+        check_local_gpus(plan)  # the embedded cluster gets the plan's resolved GPU count (resources.num_gpus)
     if started:
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **quiet}}
         # user modules the compiler found beside the pipeline or in the working dir, for every worker: on a

@@ -1,5 +1,6 @@
 """Every pipeline in tests/compile/invalid/ must fail with exit 2, no traceback, and exactly the
-problems its header announces (`# expect: <text>` lines; `# expect-errors: N` when the count differs)."""
+problems its header announces (`# expect: <text>` lines; `# expect-errors: N` when the count differs).
+A `# gpus: N` line checks it for a cluster of N GPUs (`--gpus N`), whatever this machine has."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def expectations(path: Path) -> tuple[list[str], int]:
     return expects, counts[0] if counts else len(expects)
 
 
+def gpus(path: Path) -> list[str]:
+    given = [ln.removeprefix("# gpus: ") for ln in path.read_text().splitlines() if ln.startswith("# gpus: ")]
+    return ["--gpus", given[0]] if given else []
+
+
 def test_catalogue_is_large_enough():
     assert len(CATALOGUE) >= 40
 
@@ -31,7 +37,7 @@ def test_catalogue_is_large_enough():
 def test_invalid_pipeline_reports_each_problem(path, capsys):
     expects, count = expectations(path)
     assert expects, f"{path.name} has no '# expect:' line"
-    rc = main(["validate", str(path)])
+    rc = main(["validate", str(path), *gpus(path)])
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "Traceback" not in err

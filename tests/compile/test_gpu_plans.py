@@ -1,0 +1,98 @@
+"""`rlflow compile --gpus N`: the plan and its summary say where each stage runs, in which dtype, with which vLLM
+settings, for a cluster of N GPUs, on a machine without any."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlflow import devices
+from rlflow.cli import main
+from rlflow.compiler import compile_pipeline, gpus_given
+from rlflow.errors import PipelineInvalid
+from rlflow.schema import Pipeline
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "pipelines" / "quickstart.yaml"
+VLLM = ["--set", "stages.rollout.engine=vllm"]
+
+
+def compiled(tmp_path, capsys, *args) -> tuple[dict, str]:
+    out = tmp_path / "plan.json"
+    assert main(["compile", str(QUICKSTART), "-o", str(out), *args]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+def actor(plan: dict, role: str) -> dict:
+    return next(a for a in plan["actors"] if a["role"] == role)
+
+
+def test_no_gpus_compiles_to_cpu_and_float32(tmp_path, capsys):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *VLLM)
+    assert plan["pipeline"]["model"]["dtype"] == "float32" and plan["resources"]["num_gpus"] == 0
+    assert actor(plan, "rollout")["engine_kwargs"].items() >= {"enforce_eager": True, "tensor_parallel_size": 1}.items()
+    assert "gpu_memory_utilization" not in actor(plan, "rollout")["engine_kwargs"]
+    assert "  devices: 0 GPUs (--gpus 0); dtype float32 (auto: the stages run on CPU)" in printed
+    assert "vllm: tensor_parallel_size=1, eager" in printed
+
+
+def test_two_gpus_one_each_in_bfloat16_with_cuda_graphs(tmp_path, capsys):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "2", *VLLM)
+    rollout, trainer = actor(plan, "rollout"), actor(plan, "trainer")
+    assert rollout["num_gpus"] == trainer["num_gpus"] == 1
+    assert rollout["engine_kwargs"]["dtype"] == trainer["trainer_kwargs"]["dtype"] == "bfloat16"
+    assert rollout["engine_kwargs"].items() >= {"enforce_eager": False, "gpu_memory_utilization": 0.85,
+                                                "tensor_parallel_size": 1, "enable_sleep_mode": False}.items()
+    assert plan["resources"]["num_gpus"] == 2 and plan["resources"]["cluster"]["num_gpus"] == 2
+    assert plan["devices"]["given_gpus"] == 2 and gpus_given(plan) == 2
+    assert "devices: 2 GPUs (--gpus 2); dtype bfloat16 (auto: every stage runs on a GPU)" in printed
+    assert "rollout  cuda, 1 GPU per instance  auto  vllm: tensor_parallel_size=1, CUDA graphs, " \
+           "gpu_memory_utilization=0.85" in printed
+    # every default resolved: the plan's pipeline validates again unchanged
+    assert Pipeline.model_validate(plan["pipeline"]).model_dump(mode="json", by_alias=True) == plan["pipeline"]
+
+
+def test_one_gpu_colocates_and_counts_the_evaluator(tmp_path, capsys):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "1", *VLLM, "--set", "data.eval=0.1")
+    shares = {a["role"]: a["num_gpus"] for a in plan["actors"] if a["num_gpus"]}
+    assert shares == {"rollout": 0.3333, "trainer": 0.3333, "evaluator": 0.3333}
+    assert plan["resources"]["num_gpus"] <= 1
+    assert actor(plan, "evaluator")["engine_kwargs"]["enable_sleep_mode"] is True
+    assert "colocated: 3 actors, trainer and rollout, share one GPU" in printed
+    assert "evaluator  cuda, 0.3333 GPU" in printed
+
+
+def test_tensor_parallel_from_a_stages_gpus(tmp_path, capsys):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "8", *VLLM, "--set", "stages.rollout.num_gpus=4")
+    assert actor(plan, "rollout")["engine_kwargs"]["tensor_parallel_size"] == 4
+    assert "rollout  cuda, 4 GPU per instance  declared  vllm: tensor_parallel_size=4" in printed
+    assert "devices: 8 GPUs (--gpus 8), 3 unused" in printed
+
+
+def test_gpus_asked_for_without_gpus_exit_2_naming_the_rule(capsys):
+    assert main(["validate", str(QUICKSTART), "--gpus", "0", "--set", "stages.train.num_gpus=1"]) == 2
+    err = capsys.readouterr().err
+    assert "stages.train.num_gpus" in err and "[no-gpus]" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["compile", str(QUICKSTART), "--gpus", "-1"])
+    assert exit_.value.code == 2
+
+
+def test_the_local_count_is_the_default(monkeypatch):
+    monkeypatch.setattr(devices, "_nvidia_gpus", lambda: (2, "nvidia-smi -L"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = compile_pipeline(QUICKSTART)
+    assert plan["devices"]["gpus"] == 2 and plan["devices"]["counted_by"] == "nvidia-smi -L"
+    assert gpus_given(plan) is None and plan["resources"]["cluster"]["num_gpus"] == 2
+
+
+def test_run_refuses_a_plan_compiled_for_gpus_this_machine_lacks(monkeypatch):
+    from rlflow.runtime.launch import check_local_gpus
+
+    plan = compile_pipeline(QUICKSTART, gpus=2)
+    monkeypatch.setattr(devices, "_nvidia_gpus", lambda: (0, "no NVIDIA driver found"))
+    with pytest.raises(PipelineInvalid) as e:
+        check_local_gpus(plan)
+    assert e.value.problems[0].rule == "no-gpus" and "compiled for 2 GPU(s) (--gpus 2)" in e.value.render()
+    check_local_gpus(compile_pipeline(QUICKSTART, gpus=0))  # a CPU plan runs anywhere
