@@ -139,7 +139,8 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                                                           "min_ratio": s.lr_min_ratio, "total_steps": s.steps},
                           "clip_low": s.clip_low, "clip_high": s.clip_high, "loss_agg": s.loss_agg, "kl_coef": s.kl_coef,
                           "max_importance_ratio": s.max_importance_ratio, "off_policy": s.off_policy, "tis_cap": s.tis_cap,
-                          "mask_low": s.mask_low, "mask_high": s.mask_high,
+                          "mask_low": s.mask_low, "mask_high": s.mask_high, "packing": s.packing,
+                          "micro_batch_tokens": s.micro_batch_tokens, "gradient_checkpointing": s.gradient_checkpointing,
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,

@@ -344,6 +344,18 @@ class TrainStage(Strict):
     """Lower end of the kept band of off_policy mis_token / mis_sequence / icepop (0: mask only above mask_high)."""
     mask_high: Annotated[float, Field(gt=1)] = 2.0
     """Upper end of the kept band of off_policy mis_token / mis_sequence / icepop."""
+    packing: bool = True
+    """Pack each micro-batch's trajectories end to end in one row (position ids restarting per trajectory, attention
+    kept within each), so no compute goes to padding; loss and gradients equal the padded rows' within fp32 rounding
+    (tests/unit/test_packing.py, Llama and Qwen2: every model rlflow builds is a Llama). Checked on the model at start:
+    one whose forward lets packed sequences see each other stops the run with a message; then set false."""
+    micro_batch_tokens: PositiveInt | None = None
+    """With packing: at most this many prompt + completion tokens per micro-batch (a longer trajectory runs alone),
+    the memory bound of a forward/backward pass; every rank runs as many micro-batches as the rank that needs the
+    most. Unset: as many micro-batches as the DeepSpeed config's train_micro_batch_size_per_gpu rows make."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them: activation memory of about
+    one layer instead of all of them, for about a third more compute per step."""
     save_every: NonNegInt = 0
     """Also export the policy as a Hugging Face directory every N steps, into `<run dir>/export/step-<N>/` (0: only the
     export at the end of the run, and on Ctrl-C, into `<run dir>/export/`)."""

@@ -72,15 +72,33 @@ def balance(costs: list[int], world_size: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-def shard_batch(trajectories: list[Trajectory], world_size: int, micro_batch_size: int) -> list[BatchShard]:
-    """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts."""
+def parts_for_tokens(costs: list[int], max_tokens: int) -> int:
+    """The fewest parts `balance` cuts `costs` into with none above max_tokens (a longer row alone is allowed)."""
+    cap = max([max_tokens, *costs])
+    count = max(1, math.ceil(sum(costs) / max_tokens))
+    while count < len(costs) and max(sum(costs[i] for i in p) for p in balance(costs, count)) > cap:
+        count += 1
+    return count
+
+
+def shard_batch(
+    trajectories: list[Trajectory], world_size: int, micro_batch_size: int, max_tokens: int | None = None
+) -> list[BatchShard]:
+    """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts.
+
+    Micro-batches of at most micro_batch_size rows, or (packed micro-batches) of at most max_tokens prompt +
+    completion tokens when it is given: then the rank that needs the most parts sets the count for all."""
     if not trajectories:
         raise ValueError("a training batch needs at least one trajectory")
     rewards, adv = advantages(trajectories)
     num_tokens = float(sum(sum(t.trained_mask()) for t in trajectories))  # the tokens the loss averages over
     num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
-    parts = balance([cost(t) for t in trajectories], world_size)
-    micro = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))
+    costs = [cost(t) for t in trajectories]
+    parts = balance(costs, world_size)
+    if max_tokens is None:
+        micro = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))
+    else:
+        micro = max(parts_for_tokens([costs[i] for i in p], max_tokens) for p in parts if p)
     return [BatchShard(trajectories=[trajectories[i] for i in p], advantages=[float(adv[i]) for i in p],
                        num_tokens=num_tokens, num_sequences=num_sequences, micro_batches=micro,
                        world_size=world_size, pad=trajectories[0], reward_mean=float(rewards.mean()))

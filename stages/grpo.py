@@ -3,7 +3,9 @@
 Sources: GRPO group-relative advantages (DeepSeekMath, arXiv:2402.03300 §4.1); DAPO clip-higher and
 token-level loss (arXiv:2503.14476 §3.1, §3.3); decoupled PPO for stale rollouts (AReaL, arXiv:2505.24298 §5.2;
 Hilton et al., arXiv:2110.00641); off-policy corrections in `importance_weights`.
-Shapes: B sequences, T completion-target positions; `mask` is 1 on real completion tokens, 0 on padding.
+Shapes: B rows, T completion-target positions; `mask` is 1 on real completion tokens, 0 on padding. A row is one
+sequence, or several packed end to end (stages/packing.py): then `segments` [B, T] numbers the sequence each position
+belongs to, so per-sequence sums stay per sequence.
 """
 
 from __future__ import annotations
@@ -43,12 +45,23 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg, normalizer: float | None = None) -> Tensor:
+def sequence_sums(values: Tensor, segments: Tensor | None) -> Tensor:
+    """Per-sequence sums of [B, T] values: [B] (one sequence per row) or, with `segments`, one entry per sequence
+    id (ids above the largest hold 0: the vector is sized by numel so that no device sync reads the count)."""
+    if segments is None:
+        return values.sum(dim=-1)
+    return values.new_zeros(values.numel()).index_add_(0, segments.reshape(-1), values.reshape(-1))
+
+
+def aggregate(
+    per_token: Tensor, mask: Tensor, loss_agg: LossAgg, normalizer: float | None = None, segments: Tensor | None = None
+) -> Tensor:
     """Reduce [B, T] per-token values to a scalar.
 
     token: sum over valid tokens / number of valid tokens (DAPO). sequence: mean over each sequence's
     valid tokens, then mean over non-empty sequences. `normalizer` replaces the denominator (valid tokens,
     resp. non-empty sequences) with a batch-wide count, so micro-batch results sum to the full-batch value.
+    `segments`: the sequence of each position when rows are packed (module docstring).
     """
     mask = mask.to(per_token.dtype)
     masked = per_token * mask
@@ -56,8 +69,8 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg, normalizer: fl
         denom = mask.sum() if normalizer is None else normalizer
         return masked.sum() / max(float(denom), 1.0)
     if loss_agg == "sequence":
-        lengths = mask.sum(dim=-1)
-        per_seq = masked.sum(dim=-1) / lengths.clamp(min=1.0)
+        lengths = sequence_sums(mask, segments)
+        per_seq = sequence_sums(masked, segments) / lengths.clamp(min=1.0)
         denom = (lengths > 0).sum() if normalizer is None else normalizer
         return per_seq.sum() / max(float(denom), 1.0)
     raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
@@ -72,6 +85,7 @@ def importance_weights(
     tis_cap: float = 2.0,
     mask_low: float = 0.5,
     mask_high: float = 2.0,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(weights, truncated, masked), all [B, T], for log_ratio = log pi_old - log pi_behaviour; no gradient.
 
@@ -96,7 +110,10 @@ def importance_weights(
         truncated = (raw_w > max_importance_ratio) & valid
         return raw_w.clamp(max=max_importance_ratio), truncated, torch.zeros_like(valid)
     if off_policy in ("tis_sequence", "mis_sequence"):
-        log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+        if segments is None:
+            log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+        else:
+            log_w = sequence_sums(log_w, segments)[segments]
     if off_policy in ("tis_token", "tis_sequence"):
         log_cap = math.log(tis_cap)
         truncated = (log_w > log_cap) & valid
@@ -126,8 +143,9 @@ def policy_loss(
     tis_cap: float = 2.0,
     mask_low: float = 0.5,
     mask_high: float = 2.0,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Decoupled PPO-clip loss; advantages are [B] (one per sequence) or [B, T].
+    """Decoupled PPO-clip loss; advantages are [B] (one per row) or [B, T]; `segments` for packed rows.
 
     r = pi / pi_old (pi_old: the trainer's weights at the start of the step, the proximal policy), clipped to
     [1 - clip_low, 1 + clip_high]; w = the off-policy weight of pi_old / pi_behaviour (the weights that sampled
@@ -147,9 +165,10 @@ def policy_loss(
     w, truncated, masked = importance_weights(
         old_logprobs - behaviour_logprobs, mask, off_policy,
         max_importance_ratio=max_importance_ratio, tis_cap=tis_cap, mask_low=mask_low, mask_high=mask_high,
+        segments=segments,
     )  # fmt: skip
 
-    loss = aggregate(-w * surrogate, mask, loss_agg, normalizer)
+    loss = aggregate(-w * surrogate, mask, loss_agg, normalizer, segments)
 
     with torch.no_grad():
         n = valid.sum().clamp(min=1)
@@ -176,9 +195,10 @@ def kl_penalty(
     *,
     loss_agg: LossAgg = "token",
     normalizer: float | None = None,
+    segments: Tensor | None = None,
 ) -> Tensor:
     """KL(pi || pi_ref) with the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman 2020), aggregated."""
     valid = mask.bool()
     delta = torch.where(valid, ref_logprobs - logprobs, torch.zeros_like(logprobs))
     per_token = torch.exp(delta) - delta - 1.0
-    return aggregate(per_token, mask, loss_agg, normalizer)
+    return aggregate(per_token, mask, loss_agg, normalizer, segments)

@@ -1,9 +1,9 @@
 """DeepSpeedTrainer: grouped trajectories in, one GRPO optimizer step out, weights out as numpy.
 
-The loss math lives in stages/grpo.py; this module is plumbing: batching, the DeepSpeed engine,
-weights and checkpoints. With N data-parallel ranks (one process each, joined in one process group by
-rlflow/runtime/train_sink.py), each rank trains a shard of the batch cut by stages/batch_shards.py;
-`train_step` is the one-rank case of `train_shard`.
+The loss math lives in stages/grpo.py, micro-batch layouts (padded, packed) in stages/packing.py, chunked
+log-probs in stages/logprobs.py; this module is plumbing: the DeepSpeed engine, weights and checkpoints. With N
+data-parallel ranks (one process each, joined in one process group by rlflow/runtime/train_sink.py), each rank
+trains a shard of the batch cut by stages/batch_shards.py; `train_step` is the one-rank case of `train_shard`.
 """
 
 from __future__ import annotations
@@ -15,31 +15,18 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass
+import warnings
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
-from rlflow.stages import grpo
-from rlflow.stages.batch_shards import BatchShard, shard_batch
+from rlflow.stages import grpo, packing
+from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
+from rlflow.stages.logprobs import TokenLogprobs, supports
 from rlflow.stages.trajectory import Trajectory
 
 _CLIENT_KEY = "rlflow"  # our entry in DeepSpeed's client_state: {"version": int, "client": user dict}
-
-
-@dataclass
-class _MicroBatch:
-    """Right-padded prompt+completion rows; targets, masks and per-token values are aligned to logits[:, :-1]."""
-
-    input_ids: torch.Tensor  # [b, L]
-    attention_mask: torch.Tensor  # [b, L]
-    targets: torch.Tensor  # [b, L-1] = input_ids[:, 1:]
-    mask: torch.Tensor  # [b, L-1] float, 1 where the target is a generated completion token (not padding, not environment)
-    behaviour_logprobs: torch.Tensor  # [b, L-1], 0 off the mask
-    advantages: torch.Tensor  # [b]
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
 
 
 #: how long a collective (or joining the process group) may wait for the other ranks before it fails
@@ -85,7 +72,7 @@ def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: in
     cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = cfg["optimizer"].setdefault("params", {})
     params["lr"] = lr
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and cfg["optimizer"].get("type", "").lower() in ("adam", "adamw"):
         params.setdefault("torch_adam", True)  # else DeepSpeed JIT-compiles FusedAdam (~90 s on CPU)
     if micro_batch_size is not None:
         cfg["train_micro_batch_size_per_gpu"] = micro_batch_size
@@ -97,6 +84,63 @@ def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: in
     cfg["gradient_accumulation_steps"] = 1
     cfg.pop("train_batch_size", None)
     return cfg
+
+
+def _load_model(model_dir: str, zero3_config: dict | None = None):
+    """The causal LM in fp32; with a ZeRO-3 config, built inside deepspeed.zero.Init (each rank holds only its
+    partition, in the config's dtype) and filled one tensor at a time from the safetensors checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if zero3_config is None:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    import deepspeed
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+    model.tie_weights()
+    _fill_partitioned(model, model_dir)
+    return model
+
+
+def _fill_partitioned(model, model_dir: str) -> None:
+    """Copy a safetensors checkpoint into a ZeRO-3 partitioned model: per parameter, every rank gathers it, rank 0
+    reads that one tensor (memory-mapped) and writes it, and the exit re-partitions it from rank 0."""
+    import deepspeed
+    from safetensors import safe_open
+
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{model_dir}: ZeRO-3 loads safetensors weights and found none; "
+                                "re-save the model with save_pretrained(safe_serialization=True)")
+    params = dict(model.named_parameters())  # a tied weight appears once, under its first name
+    writer = torch.distributed.get_rank() == 0
+    for name in files:
+        with safe_open(os.path.join(model_dir, name), framework="pt") as f:
+            for key in f.keys():  # the file's own order: the same on every rank
+                param = params.pop(key if key in params else f"{model.base_model_prefix}.{key}", None)
+                if param is None:
+                    continue  # the second name of a tied weight
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+                    if writer:
+                        param.copy_(f.get_tensor(key))
+    if params:
+        raise ValueError(f"{model_dir}: the checkpoint has no weights for {', '.join(sorted(params)[:4])}")
+
+
+def _checkpoint_layers_in_eval(module) -> None:
+    """transformers checkpoints a decoder layer only while the layer is in training mode, and the trainer keeps
+    its model in eval (no dropout): flag the layers themselves; their submodules, dropout included, stay in eval."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for m in module.modules():
+        if isinstance(m, GradientCheckpointingLayer):
+            m.training = True
 
 
 def lr_factor(schedule: dict | None, step: int) -> float:
@@ -146,9 +190,17 @@ class DeepSpeedTrainer:
         pad_token_id: int | None = None,
         dtype: str = "float32",
         lr_schedule: dict | None = None,
+        packing: bool = False,
+        micro_batch_tokens: int | None = None,
+        gradient_checkpointing: bool = False,
+        logit_chunk_tokens: int | None = None,
     ):
+        """packing: each micro-batch's trajectories in one row without padding (stages/packing.py), checked on this
+        model at start; micro_batch_tokens: with packing, at most this many tokens per micro-batch (None: as many
+        micro-batches as micro_batch_size rows make). gradient_checkpointing: recompute each decoder layer's
+        activations in backward. logit_chunk_tokens: positions per lm_head chunk (None: stages/logprobs.py's size;
+        0: no chunks, the full logits)."""
         import deepspeed
-        from transformers import AutoModelForCausalLM
 
         if loss_agg not in ("token", "sequence"):
             raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
@@ -164,18 +216,16 @@ class DeepSpeedTrainer:
         self.max_importance_ratio = max_importance_ratio
         self.temperature = temperature
         self.version = 0
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
+        self.packing = packing
+        #: tokens per packed micro-batch, for shard_batch's max_tokens (None: micro-batches counted in rows)
+        self.micro_batch_tokens = micro_batch_tokens if packing else None
 
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        model.config.use_cache = False
-        if pad_token_id is None:
-            pad_token_id = getattr(model.config, "pad_token_id", None) or 0  # padding is masked: any id works
-        self.pad_token_id = int(pad_token_id)
-
-        self.ref_model = None
-        if kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-
+        if torch.cuda.is_available():  # TF32 tensor cores for fp32 matmuls and convolutions (fp32 accumulation)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         _init_distributed()
         cfg = _engine_config(deepspeed_config, lr, micro_batch_size, dtype)
         self.lr, self.lr_schedule = lr, lr_schedule
@@ -183,63 +233,123 @@ class DeepSpeedTrainer:
             raise ValueError("the DeepSpeed config has a 'scheduler' and the train stage sets lr_schedule/lr_warmup_steps; "
                              "keep one (remove 'scheduler' from the DeepSpeed config to use the stage's)")
         self.micro_batch_size = int(cfg["train_micro_batch_size_per_gpu"])
+        zero3 = cfg.get("zero_optimization", {}).get("stage", 0) == 3
+
+        model = _load_model(model_dir, cfg if zero3 else None)
+        model.config.use_cache = False
+        if pad_token_id is None:
+            pad_token_id = getattr(model.config, "pad_token_id", None) or 0  # padding is masked: any id works
+        self.pad_token_id = int(pad_token_id)
+        ref = None
+        if kl_coef > 0:  # under ZeRO-3 partitioned like the policy; else a copy on each rank
+            ref = _load_model(model_dir, cfg) if zero3 else copy.deepcopy(model)
+            ref.config.use_cache = False
+            ref.eval().requires_grad_(False)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         # Dropout off for good: the ratio and importance weights compare log-probs of the same weights.
         self.engine.eval()
-        if self.ref_model is not None:
-            self.ref_model.to(self.engine.device)
+        if gradient_checkpointing:
+            _checkpoint_layers_in_eval(self.engine.module)
+        self.ref_model = None
+        if ref is not None and zero3:  # an engine without optimizer: it gathers the partitioned weights per layer
+            inference = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
+            self.ref_model, *_ = deepspeed.initialize(model=ref, config=inference)
+            self.ref_model.eval()
+        elif ref is not None:  # in the engine's compute dtype, so the KL compares like with like
+            self.ref_model = ref.to(self.engine.device, dtype=next(self.engine.module.parameters()).dtype)
+        chunked = logit_chunk_tokens != 0 and supports(model)  # attached after deepspeed.initialize (its docstring)
+        self._logprobs = TokenLogprobs(model, logit_chunk_tokens) if chunked else None
+        self._ref_logprobs = TokenLogprobs(ref, logit_chunk_tokens) if chunked and ref is not None else None
+        self._check_forward(dtype)
 
     # ------------------------------------------------------------------ batching
 
-    def _micro_batches(self, shard: BatchShard) -> list[_MicroBatch]:
-        """Exactly shard.micro_batches length-sorted micro-batches (less padding); order does not matter as the
-        loss is normalised batch-wide. With fewer rows than micro-batches, the rest are masked padding rows."""
-        trajectories = list(shard.trajectories)
-        advantages = torch.tensor(shard.advantages, dtype=torch.float32)
-        lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in trajectories]
-        order = sorted(range(len(trajectories)), key=lengths.__getitem__)
-        real = min(shard.micro_batches, len(order))
-        chunks = [order[k * len(order) // real : (k + 1) * len(order) // real] for k in range(real)]
-        device = self.engine.device
+    def _micro_batches(self, shard: BatchShard) -> list[packing.MicroBatch]:
+        """Exactly shard.micro_batches micro-batches: packed rows of near-equal tokens, or length-sorted padded rows
+        (less padding); order does not matter as the loss is normalised batch-wide. A part without rows is a masked
+        pad row: the rank still runs the pass its peers run (collectives)."""
+        rows = list(shard.trajectories)
+        costs = [cost(t) for t in rows]
+        split = packing.split_by_tokens if self.packing else packing.split_by_rows
         batches = []
-        for idx in chunks + [None] * (shard.micro_batches - real):
-            padding = idx is None  # a masked row: the rank still runs the pass its peers run (collectives)
-            rows = [shard.pad] if padding else [trajectories[i] for i in idx]
-            length = len(rows[0].prompt_ids) + len(rows[0].completion_ids) if padding else max(lengths[i] for i in idx)
-            ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-            attn = torch.zeros((len(rows), length), dtype=torch.long)
-            mask = torch.zeros((len(rows), length - 1))
-            behaviour = torch.zeros((len(rows), length - 1))
-            for r, t in enumerate(rows):
-                p, c = len(t.prompt_ids), len(t.completion_ids)
-                ids[r, : p + c] = torch.tensor(list(t.prompt_ids) + list(t.completion_ids), dtype=torch.long)
-                attn[r, : p + c] = 1
-                # completion token j sits at position p + j and is predicted by the logits at p + j - 1
-                # environment segments of a multi-turn episode (loss_mask 0) are context, not trained
-                mask[r, p - 1 : p + c - 1] = 0.0 if padding else torch.tensor(t.trained_mask(), dtype=torch.float32)
-                behaviour[r, p - 1 : p + c - 1] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
-            batches.append(
-                _MicroBatch(
-                    input_ids=ids.to(device),
-                    attention_mask=attn.to(device),
-                    targets=ids[:, 1:].to(device),
-                    mask=mask.to(device),
-                    behaviour_logprobs=behaviour.to(device),
-                    advantages=(torch.zeros(1) if padding else advantages[idx]).to(device),
-                )
-            )
+        for part in split(costs, shard.micro_batches):
+            members = [rows[i] for i in part] or [shard.pad]
+            advantages = [shard.advantages[i] for i in part] or [0.0]
+            if self.packing:
+                mb = packing.packed(members, advantages, trained=bool(part))
+            else:
+                mb = packing.padded(members, advantages, self.pad_token_id, trained=bool(part))
+            batches.append(mb.to(self.engine.device))
         return batches
 
-    def _logits(self, model, mb: _MicroBatch) -> torch.Tensor:
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        return out.logits[:, :-1].float() / self.temperature
+    def _forward(self, model, head: TokenLogprobs | None, input_ids, *, attention_mask=None, position_ids=None,
+                 entropy: bool = False, chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([B, L-1] log-probs of input_ids[:, 1:] at the sampler's temperature, their entropy or None): the lm_head
+        in `chunks` runs when `head` is attached to `model`, else from the full logits."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if head is not None:
+            with head.request(input_ids[:, 1:], self.temperature, entropy, chunks):
+                return model(**inputs, **TokenLogprobs.FORWARD_KWARGS)
+        logits = model(**inputs, use_cache=False).logits[:, :-1].float() / self.temperature
+        logprobs = grpo.token_logprobs(logits, input_ids[:, 1:])
+        if not entropy:
+            return logprobs, None
+        with torch.no_grad():
+            return logprobs, grpo.entropy_from_logits(logits)
+
+    def _chunks(self, batches: list[packing.MicroBatch]) -> int | None:
+        """lm_head runs per forward this step: enough for the longest micro-batch of any rank, the same on every
+        rank (ZeRO-3 gathers the lm_head weight for each run, a collective)."""
+        if self._logprobs is None:
+            return None
+        longest = torch.tensor([max(mb.targets.numel() for mb in batches)], device=self.engine.device)
+        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
+        return self._logprobs.chunks_for(int(longest.item()))
+
+    def _check_forward(self, dtype: str) -> None:
+        """Once, on the weights being trained: the chunked lm_head must give the full logits' log-probs (a model that
+        transforms its logits after the lm_head, e.g. soft-capping, falls back to full logits) and packed sequences
+        must not see each other. Deviations are the max over ranks, so every rank decides alike."""
+        device = self.engine.device
+
+        def logprobs_of(head):
+            def run(ids, positions):
+                with torch.no_grad():
+                    out, _ = self._forward(self.engine, head, ids.to(device),
+                                           position_ids=None if positions is None else positions.to(device))
+                return out.float()
+            return run
+
+        vocab = self.engine.module.config.vocab_size
+        ids = (torch.arange(2, 14) % vocab)[None]
+        deviations = {"chunked": 0.0, "crossed": 0.0, "moved": 0.0}
+        if self._logprobs is not None:
+            chunked, full = logprobs_of(self._logprobs)(ids, None), logprobs_of(None)(ids, None)
+            deviations["chunked"] = (chunked - full).abs().mean().item()
+        if self.packing:
+            deviations.update(packing.probe(logprobs_of(self._logprobs), vocab))
+        values = torch.tensor(list(deviations.values()), device=device)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        deviations = dict(zip(deviations, values.tolist()))
+        # rounding only: ~1e-7 in fp32 on a CPU; bf16, fp16 and TF32 round logits to ~3 significant digits
+        tolerance = 1e-3 if dtype == "float32" and not torch.cuda.is_available() else 0.1
+        if deviations["chunked"] > tolerance:
+            warnings.warn(f"{type(self.engine.module).__name__}: the chunked lm_head's log-probs differ from the full "
+                          f"logits' by {deviations['chunked']:.3g} (logits transformed after the lm_head?); "
+                          "using full logits")
+            self._logprobs = self._ref_logprobs = None
+        if self.packing and (why := packing.problem(deviations, tolerance)):
+            raise ValueError(f"train.packing cannot be used with {type(self.engine.module).__name__}: {why}; "
+                             "set packing: false")
 
     # ------------------------------------------------------------------ training
 
     def train_step(self, trajectories: list[Trajectory], group_size: int) -> dict[str, float]:
         """One optimizer step on whole groups of `group_size` trajectories (this process is the only rank)."""
         check_batch(trajectories, group_size)
-        (shard,) = shard_batch(trajectories, 1, self.micro_batch_size)
+        (shard,) = shard_batch(trajectories, 1, self.micro_batch_size, self.micro_batch_tokens)
         return self.train_shard(shard)
 
     def train_shard(self, shard: BatchShard) -> dict[str, float]:
@@ -250,11 +360,13 @@ class DeepSpeedTrainer:
         num_tokens, num_sequences = shard.num_tokens, shard.num_sequences
         normalizer = num_tokens if self.loss_agg == "token" else num_sequences
 
+        chunks = self._chunks(batches)
         with torch.no_grad():
             for mb in batches:
-                mb.old_logprobs = grpo.token_logprobs(self._logits(self.engine, mb), mb.targets)
+                inputs = {"attention_mask": mb.attention_mask, "position_ids": mb.position_ids, "chunks": chunks}
+                mb.old_logprobs, _ = self._forward(self.engine, self._logprobs, mb.input_ids, **inputs)
                 if self.ref_model is not None:
-                    mb.ref_logprobs = grpo.token_logprobs(self._logits(self.ref_model, mb), mb.targets)
+                    mb.ref_logprobs, _ = self._forward(self.ref_model, self._ref_logprobs, mb.input_ids, **inputs)
 
         token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
                        "importance_truncated_frac", "importance_masked_frac")
@@ -262,26 +374,25 @@ class DeepSpeedTrainer:
         weight_max = 0.0
         for k, mb in enumerate(batches):
             self.engine.set_gradient_accumulation_boundary(k == len(batches) - 1)
-            logits = self._logits(self.engine, mb)
-            logprobs = grpo.token_logprobs(logits, mb.targets)
+            logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, entropy=True, chunks=chunks,
+                                              attention_mask=mb.attention_mask, position_ids=mb.position_ids)
             pg_loss, stats = grpo.policy_loss(
                 logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
                 clip_low=self.clip_low, clip_high=self.clip_high,
                 max_importance_ratio=self.max_importance_ratio, loss_agg=self.loss_agg, normalizer=normalizer,
-                **self.off_policy,
+                segments=mb.segments, **self.off_policy,
             )  # fmt: skip
             loss = pg_loss
             if self.ref_model is not None:
-                kl = grpo.kl_penalty(logprobs, mb.ref_logprobs, mb.mask, loss_agg=self.loss_agg, normalizer=normalizer)
+                kl = grpo.kl_penalty(logprobs, mb.ref_logprobs, mb.mask, loss_agg=self.loss_agg, normalizer=normalizer,
+                                     segments=mb.segments)
                 loss = loss + self.kl_coef * kl
                 sums["kl"] += kl.item()
             # DeepSpeed averages gradients over the ranks; each rank's loss is its part of the batch's sum
             self.engine.backward(loss * shard.world_size)
 
             share = float(mb.mask.sum()) / max(num_tokens, 1.0)  # token-weighted means across micro-batches
-            with torch.no_grad():
-                entropy = grpo.entropy_from_logits(logits)
-                sums["entropy"] += float((entropy * mb.mask).sum()) / max(num_tokens, 1.0)
+            sums["entropy"] += float((entropy * mb.mask).sum()) / max(num_tokens, 1.0)
             sums["loss"] += loss.item()
             sums["pg_loss"] += pg_loss.item()
             for key in token_means:
@@ -360,6 +471,7 @@ class DeepSpeedTrainer:
         """Drop the engine and models. The process group stays: it is process-wide and other engines may share it."""
         self.engine = None
         self.ref_model = None
+        self._logprobs = self._ref_logprobs = None
 
 
 def check_batch(trajectories: list[Trajectory], group_size: int) -> None:

@@ -1,4 +1,5 @@
-"""A tiny Llama and a batch of grouped trajectories for trainer tests (unit: one process; integration: ranks)."""
+"""Tiny Llama and Qwen2 models and a batch of grouped trajectories for trainer tests (unit: one process;
+integration: ranks)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def build_tiny_llama(path) -> str:
         num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False,
     )  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def build_tiny_qwen2(path) -> str:
+    """A randomly initialised 2-layer Qwen2 (vocab 64, q/k/v biases, grouped KV heads, tied embeddings) saved to `path`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(path)
     return str(path)
 
 

@@ -53,6 +53,7 @@ def test_mixed_plan_actors_carry_their_constructor_arguments():
     assert trainer["trainer_kwargs"] == {"lr": 3e-4, "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token", "kl_coef": 0.0,
                                          "max_importance_ratio": 5.0, "off_policy": "decoupled", "tis_cap": 2.0,
                                          "mask_low": 0.5, "mask_high": 2.0, "temperature": 1.0, "seed": 0, "dtype": "float32",
+                                         "packing": True, "micro_batch_tokens": None, "gradient_checkpointing": False,
                                          "lr_schedule": {"kind": "constant", "warmup_steps": 0, "min_ratio": 0.1,
                                                          "total_steps": 20}}
     assert (trainer["steps"], trainer["checkpoint_every"]) == (20, 10)

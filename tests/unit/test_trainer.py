@@ -152,10 +152,14 @@ def test_load_checkpoint_from_an_empty_directory_fails_loudly(model_dir, tmp_pat
         tr.close()
 
 
-def test_kl_to_the_reference_model_grows_as_the_policy_moves(model_dir):
+@pytest.mark.parametrize("stage", [0, 3])
+def test_kl_to_the_reference_model_grows_as_the_policy_moves(model_dir, stage):
     batch = make_batch(load_hf(model_dir))
-    tr = trainer(model_dir, 0, kl_coef=0.5)
+    tr = trainer(model_dir, stage, kl_coef=0.5)
     try:
+        if stage == 3:  # partitioned like the policy (an engine without optimizer), not a whole copy on every rank
+            assert tr.ref_model.zero_optimization_stage() == 3
+            assert all(p.numel() == 0 for p in tr.ref_model.module.parameters())
         kls = [tr.train_step(batch, GROUP)["kl"] for _ in range(3)]
     finally:
         tr.close()
