@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_table import publish_table
+
 RESULTS = Path(__file__).parent / "results" / "engines.md"
 
 
@@ -132,11 +134,7 @@ def main(argv=None) -> int:
     for model, params, name, cap, startup, tokens, tps in rows:
         ratio = tps / base[(model, cap)] if (model, cap) in base else float("nan")
         lines.append(f"| {model} | {params / 1e6:.1f}M | {name} | {cap} | {startup:.1f} | {tokens} | {tps:.0f} | {ratio:.2f}x |")
-    table = "\n".join(lines) + "\n"
-    print("\n" + table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(table)
-    print(f"wrote {RESULTS}")
+    publish_table(RESULTS, lines)
     return 0
 
 

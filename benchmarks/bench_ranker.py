@@ -17,6 +17,8 @@ import random
 import sys
 from pathlib import Path
 
+from results_table import publish_table
+
 RESULTS = Path(__file__).parent / "results" / "ranker.md"
 
 
@@ -71,11 +73,7 @@ def main(argv=None) -> int:
         f"Mean recall@20% over batches 2-{args.batches} (after the first refit): **{sum(learned) / len(learned):.2f}** "
         f"(random: 0.2 expected).",
     ]
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
-    print(f"wrote {RESULTS}")
+    publish_table(RESULTS, lines)
     return 0
 
 

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_table import publish_table
+
 RESULTS = Path(__file__).parent / "results" / "scaling.md"
 DEEPSPEED = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "zero_optimization": {"stage": 1},
              "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}, "steps_per_print": 10**6}
@@ -143,11 +145,7 @@ def main(argv=None) -> int:
     for side, n, seconds, tokens, tps in rows:
         what = "s/step" if side == "trainer" else "s"
         lines.append(f"| {side} | {n} | {seconds:.2f} {what} | {tokens} | {tps:.0f} | {tps / base[side]:.2f}x |")
-    table = "\n".join(lines) + "\n"
-    print("\n" + table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(table)
-    print(f"wrote {RESULTS}")
+    publish_table(RESULTS, lines)
     return 0
 
 

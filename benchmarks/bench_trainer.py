@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_table import publish_table
+
 DEEPSPEED = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "zero_optimization": {"stage": 1},
              "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}, "steps_per_print": 10**6}
 TRAINER = dict(lr=1e-5, clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0, max_importance_ratio=5.0)
@@ -94,12 +96,7 @@ def main(argv=None) -> int:
     ]
     for dtype, seconds, tps in rows:
         lines.append(f"| {dtype} | {seconds:.3f} | {tps:.0f} | {tps / rows[0][2]:.2f}x |")
-    table = "\n".join(lines) + "\n"
-    print("\n" + table)
-    out = Path(__file__).parent / "results" / f"trainer_{'gpu' if torch.cuda.is_available() else 'cpu'}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(table)
-    print(f"wrote {out}")
+    publish_table(Path(__file__).parent / "results" / f"trainer_{'gpu' if torch.cuda.is_available() else 'cpu'}.md", lines)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlflow import graph, loader
+from rlflow import devices, graph, loader
 from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.placement import check_stage_resources
@@ -17,11 +17,12 @@ from rlflow.validate import validate_partial
 DEFAULT_PLAN = Path(".rlflow/plan.json")
 
 
-def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipeline, loader.Document]:
+def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None = None) -> tuple[Pipeline, loader.Document]:
     """Parse, validate and check a pipeline file; raise PipelineInvalid with every problem.
 
     Schema problems do not hide the graph's and components' (an unknown stage, a missing reward):
-    those rules also run on the pipeline without its bad values where that still builds.
+    those rules also run on the pipeline without its bad values where that still builds. The device rules check
+    it against `gpus` GPUs (`--gpus`), else the GPUs counted here (rlflow/devices.py gpu_count).
     """
     doc = loader.load(path)
     loader.apply_overrides(doc, list(overrides))
@@ -29,24 +30,33 @@ def check_pipeline(path: str | Path, overrides: list[str] = ()) -> tuple[Pipelin
     if spec is not None:
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
         problems += check_stage_resources(spec)
+        problems += [p for p in devices.place(spec, devices.gpu_count(spec, gpus))[1] if not repairs.echoes(p)]
     if problems:
         located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
         raise PipelineInvalid(doc.source, located)
     return spec, doc
 
 
-def compile_pipeline(path: str | Path, overrides: list[str] = ()) -> dict:
-    """The physical plan of a pipeline file.
+def compile_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None = None) -> dict:
+    """The physical plan of a pipeline file, for a cluster of `gpus` GPUs (default: the GPUs counted here).
 
     plan["python_path"]: the directories (absolute) that modules named by the pipeline's import strings
     were found in beside the pipeline or in the working directory; every worker needs them on its path.
+    plan["devices"]: where each stage runs and in which dtype (rlflow/devices.py); the plan's pipeline has them written in.
     """
-    spec, _ = check_pipeline(path, overrides)
+    spec, _ = check_pipeline(path, overrides, gpus)
     text = Path(path).read_text()
     base_dir = Path(path).resolve().parent
-    plan = lower(spec, source=str(path), text=text, overrides=list(overrides), base_dir=base_dir)
+    placed, _ = devices.place(spec, devices.gpu_count(spec, gpus))
+    plan = lower(devices.resolve(spec, placed), source=str(path), text=text, overrides=list(overrides), base_dir=base_dir)
     plan["python_path"] = python_path(import_strings(spec), search_dirs(base_dir))
+    plan["devices"] = placed.as_dict() | {"given_gpus": gpus}
     return plan
+
+
+def gpus_given(plan: dict) -> int | None:
+    """The `--gpus N` a plan was compiled with (None: counted where it was compiled), to compile it again the same."""
+    return (plan.get("devices") or {}).get("given_gpus")
 
 
 def import_strings(spec: Pipeline) -> list[str]:
@@ -89,6 +99,37 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _devices(plan: dict) -> list[str]:
+    """Where each stage runs, in which dtype, with which vLLM settings (plan["devices"], rlflow/devices.py)."""
+    d = plan.get("devices")
+    if not d:
+        return []
+    gpus = "GPUs not counted" if d["gpus"] is None else f"{d['gpus']} GPU{'s' if d['gpus'] != 1 else ''}"
+    unused = f", {d['unused_gpus']:g} unused" if d.get("unused_gpus") else ""
+    lines = [f"  devices: {gpus} ({d['counted_by']}){unused}; dtype {d['dtype']} ({d['dtype_reason']})",
+             f"  stages without num_gpus: {d['split']}"]
+    engines = {a["stage"]: a for a in plan["actors"] if a["role"] == "rollout"}
+    placed = [(n, p, engines.get(n)) for n, p in d["stages"].items()]
+    if d.get("evaluator"):
+        placed.append(("evaluator", d["evaluator"], next(a for a in plan["actors"] if a["role"] == "evaluator")))
+    rows = []
+    for name, p, actor in placed:
+        unit = "" if name == "evaluator" and actor else " per rank" if actor is None else " per instance"
+        where = "cpu" if p["device"] == "cpu" else f"cuda, {p['gpus']:g} GPU{unit}"
+        rows.append([name, where, "declared" if p["declared"] else "auto", _vllm_settings(actor)])
+    return lines + _table(rows, indent="    ")
+
+
+def _vllm_settings(actor: dict | None) -> str:
+    kw = (actor or {}).get("engine_kwargs", {})
+    if "enforce_eager" not in kw:
+        return ""
+    out = f"vllm: tensor_parallel_size={kw['tensor_parallel_size']}, {'eager' if kw['enforce_eager'] else 'CUDA graphs'}"
+    if "gpu_memory_utilization" in kw:
+        out += f", gpu_memory_utilization={kw['gpu_memory_utilization']:g}"
+    return out + (", sleep mode" if kw.get("enable_sleep_mode") else "")
+
+
 def summary(plan: dict) -> str:
     """The plan as a person reads it before spending compute."""
     p = plan["pipeline"]
@@ -117,7 +158,7 @@ def summary(plan: dict) -> str:
         if s.get("resources"):  # custom resources: the nodes it may run on
             res += " on " + ", ".join(f"{k} {v:g}" for k, v in s["resources"].items())
         rows.append([name, s["kind"], settings, res])
-    lines += ["", *_table(rows)]
+    lines += ["", *_table(rows), "", *_devices(plan)]
     rows = [["edge", "policy"]]
     from rlflow.draw import _policy_label
 
@@ -138,6 +179,11 @@ def summary(plan: dict) -> str:
         ws = co["weight_sync"]
         lines.append(f"  coordination of {name}: routing={co['routing']} migration={co['migration']} dispatch={co['dispatch']['kind']}"
                      + (f" sync={ws['mode']} partial_rollout={'on' if ws['partial_rollout'] else 'off'}" if ws else ""))
+    trainer = next((a for a in plan["actors"] if a["role"] == "trainer"), None)
+    if trainer and trainer.get("weights"):
+        w = trainer["weights"]
+        lines.append(f"  weights to rollout: {w['transport']}" + (" (auto)" if w["declared"] == "auto" else "")
+                     + f", {w['bucket_bytes'] / 2**20:g} MiB buckets, in {trainer['trainer_kwargs']['dtype']}")
     pred = plan["prediction"]
     if pred["available"]:
         lines.append(f"  predicted mean staleness: {pred['mean']:.2f} steps = pre-queue {pred['pre_queue']:.2f} + in-queue {pred['in_queue']:.2f}"

@@ -207,6 +207,21 @@ def _check_shape(spec: Pipeline, g: nx.DiGraph, problems: list[Problem], connect
                                     "no-weight-sync", f"add an edge {{from: {train}, to: {r}, policy: {{kind: weight_sync}}}}"))
         for i in syncs[1:]:
             problems.append(Problem(("edges", i), f"second weight_sync into '{r}'", "two-weight-syncs", "keep one"))
+    _check_weight_transport(spec, problems)
+
+
+def _check_weight_transport(spec: Pipeline, problems: list[Problem]) -> None:
+    """The trainer publishes each version once, over one transport in one bucket size: every weight_sync edge
+    must declare the same (or leave them at their defaults)."""
+    syncs = [(i, e.policy) for i, e in enumerate(spec.edges) if e.policy.kind == BACK_EDGE]
+    for field in ("transport", "bucket_mb"):
+        first_i, first = syncs[0] if syncs else (None, None)
+        for i, p in syncs[1:]:
+            if getattr(p, field) != getattr(first, field):
+                problems.append(Problem(("edges", i, "policy", field), f"weight_sync {field} {getattr(p, field)!r} differs from "
+                                        f"edges[{first_i}]'s {getattr(first, field)!r}; the trainer publishes each version once, "
+                                        "to every rollout stage the same way", "weight-transports-differ",
+                                        f"set the same {field} on every weight_sync edge"))
 
 
 def _check_policies(spec: Pipeline, problems: list[Problem], skip: set[int]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 from rlflow import __version__
+from rlflow.devices import vllm_settings
 from rlflow.graph import (
     BACK_EDGE,
     batch_groups,
@@ -127,6 +128,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             engine_kwargs["stop"] = list(s.stop)
         if s.max_turn_tokens is not None:
             engine_kwargs["max_turn_tokens"] = s.max_turn_tokens
+        engine_kwargs |= vllm_settings(spec, name)  # from the stage's GPUs (rlflow/devices.py); nothing for hf
         for r in range(s.replicas):
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
@@ -146,13 +148,24 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
                        "steps": s.steps, "checkpoint_every": s.checkpoint_every, "resources": dict(s.resources),
-                       "stall_factor": s.stall_factor, "save_every": s.save_every})
+                       "stall_factor": s.stall_factor, "save_every": s.save_every, "weights": weight_transport(spec)})
         if spec.data.eval is not None:
             actors.append(_evaluator(spec, tasks, base_dir, every=10 if s.eval_every is None else s.eval_every))
     # control-plane servers: light, so they take a sliver of a CPU
     actors.append({"name": "trajectory-server", "role": "trajectory_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     return actors
+
+
+def weight_transport(spec: Pipeline) -> dict:
+    """How versions leave the trainer (rlflow/runtime/weight_sync.py): the weight_sync edges' transport (they agree:
+    rule weight-transports-differ) resolved, and the bucket size. auto is the object store: measured on one node
+    here (benchmarks/bench_scale.py), a version costs about half what it costs over the gloo links, and on a GPU both
+    stage through host memory until an NCCL transport exists; `collective` is there to be chosen."""
+    syncs = [e.policy for e in spec.edges if e.policy.kind == BACK_EDGE]
+    declared = syncs[0].transport if syncs else "auto"
+    return {"transport": "object_store" if declared == "auto" else declared, "declared": declared,
+            "bucket_bytes": (syncs[0].bucket_mb if syncs else 256) * 2**20}
 
 
 def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: int) -> dict:
@@ -177,6 +190,7 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
         engine_kwargs["stop"] = list(first.stop)
     if first.max_turn_tokens is not None:
         engine_kwargs["max_turn_tokens"] = first.max_turn_tokens
+    engine_kwargs |= vllm_settings(spec, rollouts[0])  # its GPUs are the first rollout stage's
     return {**_episode(first), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
             "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
             "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,

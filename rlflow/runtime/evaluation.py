@@ -267,9 +267,9 @@ class Evaluator:
 
     def evaluate(self, version: int, published) -> dict:
         """Metrics of weights `version` (a weight_sync.Published); the weights are loaded first, and checked."""
-        state = ray.get(published.ref[0])
-        loaded = self.engine.load_weights(state, version)
-        del state
+        from rlflow.runtime.weight_sync import pull_buckets
+
+        loaded = self.engine.load_weights(pull_buckets(published), version)
         if loaded["checksum"] != published.checksum:
             raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded['checksum']}, "
                                f"published {published.checksum}")

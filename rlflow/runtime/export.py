@@ -1,9 +1,9 @@
 """Export: the policy as a Hugging Face directory that transformers and vLLM load.
 
-A run exports the weights the parameter server last published (numpy already, no trainer call) into
+A run exports the weights the parameter server last published (no trainer call) into
 `<run dir>/export/` when it ends (and on Ctrl-C), and into `<run dir>/export/step-<N>/` every
 `stages.<train>.save_every` steps; `rlflow export RUN` rebuilds the full fp32 state from the run's DeepSpeed
-checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (fp32), the
+checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (the published dtype; fp32 from a checkpoint), the
 tokenizer and generation files of the model directory the run started from, plan.json and rlflow_export.json
 (version, step, where the weights came from).
 """
@@ -24,10 +24,13 @@ SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5",
 SKIP_NAMES = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
 
 
-def _as_numpy(t) -> np.ndarray:
+def _as_tensor(t):
+    """A CPU torch tensor of a numpy array or tensor (bf16 has no numpy dtype, so the file is written from torch)."""
+    import torch
+
     if isinstance(t, np.ndarray):
-        return np.ascontiguousarray(t)
-    return t.detach().to("cpu").contiguous().numpy()
+        return torch.from_numpy(np.ascontiguousarray(t))
+    return t.detach().to("cpu").contiguous()
 
 
 def _tied(model_dir: Path) -> bool:
@@ -42,13 +45,13 @@ def write(state: dict, model_dir: str | Path, out: str | Path, *, info: dict | N
     """Write `state` (name -> numpy array or tensor, Hugging Face parameter names) as a Hugging Face directory at
     `out`, with the config and tokenizer of `model_dir`. Files are written beside and moved in one by one, so a
     reader never sees a half-written file; subdirectories of `out` (step-<N>/ exports) are kept."""
-    from safetensors.numpy import save_file
+    from safetensors.torch import save_file
 
     model_dir, out = Path(model_dir), Path(out)
-    arrays = {name: _as_numpy(t) for name, t in state.items()}
+    arrays = {name: _as_tensor(t) for name, t in state.items()}
     if "lm_head.weight" in arrays and _tied(model_dir):
         arrays.pop("lm_head.weight")  # tied: loaders take it from the embeddings (as save_pretrained writes it)
-    dtypes = {str(a.dtype) for a in arrays.values()}
+    dtypes = {str(a.dtype).removeprefix("torch.") for a in arrays.values()}
     out.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -129,9 +132,9 @@ class RunExports:
         self.jobs: list = []
 
     def _write(self, published, step: int, out: Path) -> Path:
-        import ray
+        from rlflow.runtime.weight_sync import fetch_state
 
-        state = ray.get(published.ref[0])  # zero-copy views into the object store
+        state = fetch_state(published)  # the one whole copy of the weights, written out
         info = {"pipeline": self.plan["name"], "step": step, "version": published.version,
                 "checksum": published.checksum, "from": "published weights", "run_dir": str(self.root.parent)}
         return write(state, self.model_dir, out, info=info, plan=self.plan)

@@ -92,6 +92,7 @@ class RolloutFleet:
         self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
         self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
         self.pull_s = 0.0
+        self.verified: list[tuple[int, int]] = []  # (instance, version) of every pull whose load was verified
         self.ps = (0, None)  # the PS's (version, ref) at the last cycle: what an instance that joins loads first
         for k in ("rerouted", "aborted_trajectories"):
             counts.setdefault(k, 0)
@@ -192,6 +193,7 @@ class RolloutFleet:
         inst.ref = None
         if inst.pulling is not None:  # verified delivery: the engine holds exactly the version it was sent
             verify_loaded(self.stage, inst.index, inst.pulling, result["loaded"])
+            self.verified.append((inst.index, inst.pulling.version))
             inst.pulling = None
         inst.busy_s += result["busy_s"] + result["pull_s"]
         inst.step_s += result["busy_s"]

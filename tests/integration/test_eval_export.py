@@ -15,7 +15,6 @@ pytestmark = pytest.mark.integration
 
 def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, capsys):
     import mlflow
-    import ray
 
     from rlflow.cli import main
     from rlflow.runtime import export
@@ -28,7 +27,9 @@ def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, ca
         published = None
 
         def _export(self):
-            KeepsPublished.published = {k: np.array(v) for k, v in ray.get(self.weights.ref.ref[0]).items()}
+            from rlflow.runtime.weight_sync import fetch_state
+
+            KeepsPublished.published = {k: t.numpy() for k, t in fetch_state(self.weights.ref).items()}
             super()._export()
 
     plan = plan_for("quickstart", "data.eval=0.1", "data.eval_size=12", "data.eval_k=2", "stages.train.eval_every=2",

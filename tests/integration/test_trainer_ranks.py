@@ -42,7 +42,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
     return (weights before, weights after, metrics)."""
     from rlflow.runtime.train_sink import launch_trainer
     from rlflow.runtime.trajectory_store import TrajectoryStore
-    from rlflow.runtime.weight_sync import ParameterServer
+    from rlflow.runtime.weight_sync import ParameterServer, fetch_state
 
     store, params = TrajectoryStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, ds_config(stage), KWARGS, store, params, world_size=world_size,
@@ -55,7 +55,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
 
         def weights(v):
             ray.get(leader.publish.remote(v), timeout=300)
-            return {k: np.array(a) for k, a in ray.get(ray.get(params.latest.remote()).ref[0]).items()}
+            return {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}
 
         before = weights(version)
         ray.get(store.put.remote([t.as_dict() for t in trajs]))
@@ -63,7 +63,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
         metrics = ray.get(leader.train.remote(list(rewards), rewards, GROUP, version), timeout=300)
         if save_to:
             ray.get(leader.save.remote(str(save_to), {"step": 1}), timeout=300)
-        after = {k: np.array(a) for k, a in ray.get(ray.get(params.latest.remote()).ref[0]).items()}
+        after = {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}
         return before, after, metrics
     finally:
         from ray.util.placement_group import remove_placement_group

@@ -1,11 +1,11 @@
-"""Weights to rollout on real Ray: publish with a checksum, a zero-copy pull, and a run whose engine loads the
+"""Weights to rollout on real Ray: publish in buckets with a checksum over either transport (the object store, or
+the gloo links through the parameter server), pulls by real rollout actors, and a run whose engine loads the
 wrong weights failing loudly with the instance and the version."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from rlflow.errors import RunFailed
@@ -34,43 +34,103 @@ def test_a_run_whose_engine_loads_wrong_weights_fails_naming_instance_and_versio
         run_plan(plan)
     message = str(err.value)
     # the first pull is version 1 (after train step 1); the only instance is 0
-    assert "rollout stage 'rollout' instance 0 loaded weights version 1 with checksum b2m1:" in message, message
-    assert "but version 1 was published with checksum b2m1:" in message, message
+    assert "rollout stage 'rollout' instance 0 loaded weights version 1 with checksum b2m2:" in message, message
+    assert "but version 1 was published with checksum b2m2:" in message, message
     loaded, published = (part.split("checksum ")[1].split()[0].rstrip(",:") for part in message.split(" but "))
     assert loaded != published
 
 
-def test_publish_then_pull_is_verified_end_to_end(ray_cluster):
-    """publish() (the trainer's helper) -> parameter server -> WeightSync -> the worker's pull -> verify_loaded."""
+def test_a_run_over_the_collective_transport_verifies_every_pull(ray_cluster, workdir):
+    """laminar (two instances pulling each on its own, per_instance) with the weights over the gloo links: every
+    version each instance loaded matches what the trainer published (or the run would stop, RunFailed)."""
+    plan = plan_for("laminar", "edges.4.policy.transport=collective", "edges.4.policy.bucket_mb=1")
+    trainer = next(a for a in plan["actors"] if a["role"] == "trainer")
+    assert trainer["weights"] == {"transport": "collective", "declared": "collective", "bucket_bytes": 2**20}
+    run = run_plan(plan)
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    pulled = run.fleets[0].verified
+    assert {i for i, _ in pulled} == {0, 1}, pulled  # both instances pulled over their links
+    assert {v for _, v in pulled} <= {1, 2, 3} and max(v for _, v in pulled) >= 2, pulled
+    assert run.weights.ref.transport == "collective" and len(run.weights.ref.layouts) > 1
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    return str(build_tiny_llama("repeat", progress=lambda line: None))
+
+
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_publish_then_pull_in_buckets_is_verified_end_to_end(ray_cluster, tiny_dir, transport):
+    """publish() (the trainer's helper), in small buckets -> parameter server -> two rollout actors pulling the
+    same version, and later a second one -> verify_loaded; the trainer's weights change right after publishing."""
     import ray
     import torch
     import transformers
 
-    from rlflow.runtime.weight_sync import ParameterServer, WeightSync, publish, state_views, verify_loaded
+    from rlflow.runtime.weight_link import open_link
+    from rlflow.runtime.weight_sync import WeightSync, fetch_state, publish, verify_loaded
     from rlflow.stages.checksum import checksum
-    from rlflow.stages.engine_hf import HFEngine
-    from rlflow.stages.tiny_model import build_tiny_llama
+    from rlflow.stages.weight_buckets import module_buckets, module_layouts
 
-    model_dir = build_tiny_llama("repeat", progress=lambda line: None)
-    trainer_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    @ray.remote(num_cpus=0.1)
+    class Instance:
+        def __init__(self, model_dir):
+            import torch
+
+            from rlflow.stages.engine_hf import HFEngine
+
+            torch.set_num_threads(1)
+            self.engine = HFEngine(model_dir)
+
+        def pull(self, published):
+            from rlflow.runtime.weight_sync import pull_buckets
+
+            return self.engine.load_weights(pull_buckets(published), published.version)
+
+        def embedding_row(self):
+            return self.engine.model.get_input_embeddings().weight[0, :4].tolist()
+
+    trainer_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
     sync = WeightSync({"num_cpus": 0}, timeout_s=60)
-    views = state_views(trainer_model.state_dict())
-    assert all(np.shares_memory(views[k], t.numpy()) for k, t in trainer_model.state_dict().items())  # no copy
-    out = publish(sync.server, 1, views)
-    assert out["checksum"] == checksum(trainer_model.state_dict())
-    assert out["bytes"] == sum(t.numel() * 4 for t in trainer_model.state_dict().values())
-    with torch.no_grad():  # the trainer moves on: the store keeps what was published
-        for p in trainer_model.parameters():
-            p.add_(1.0)
-    assert sync.refresh() == 1 and sync.checksum == out["checksum"]
+    link = open_link(sync.server) if transport == "collective" else None
+    bucket = 64 * 1024  # many buckets, so the order and the joins between them are exercised
+    instances = [Instance.remote(tiny_dir) for _ in range(2)]
+    for version in (1, 2):
+        with torch.no_grad():  # each version differs from the model directory's weights
+            for p in trainer_model.parameters():
+                p.add_(0.01)
+        expected = checksum(trainer_model.state_dict())
+        layouts = module_layouts(trainer_model, bucket)
+        out = publish(sync.server, version, layouts, module_buckets(trainer_model, bucket), transport=transport, link=link)
+        assert out["checksum"] == expected and out["buckets"] == len(layouts) > 10
+        assert out["bytes"] >= sum(t.numel() * 4 for t in trainer_model.state_dict().values())
+        with torch.no_grad():  # the trainer moves on: what was published stays as published
+            for p in trainer_model.parameters():
+                p.add_(1.0)
+        assert sync.refresh() == version and sync.checksum == expected
+        for loaded in ray.get([i.pull.remote(sync.ref) for i in instances], timeout=120):
+            verify_loaded("rollout", 0, sync.ref, loaded)
+        rows = ray.get([i.embedding_row.remote() for i in instances])
+        published = fetch_state(sync.ref)  # the evaluator's and export's way in
+        assert checksum(published) == expected
+        want = published["model.embed_tokens.weight"][0, :4].tolist()
+        assert rows == [want, want]
+        assert want != trainer_model.get_input_embeddings().weight[0, :4].tolist()
 
-    engine = HFEngine(str(model_dir))
-    state = ray.get(sync.ref.ref[0])
-    assert not next(iter(state.values())).flags.writeable  # zero-copy view into the object store
-    loaded = engine.load_weights(state, sync.version)
-    verify_loaded("rollout", 0, sync.ref, loaded)
 
-    # a pusher that does not checksum (the trainer before it calls publish()): the server computes it
+def test_a_checksumless_push_is_checksummed_by_the_server(ray_cluster, tiny_dir):
+    import ray
+    import transformers
+
+    from rlflow.runtime.weight_sync import ParameterServer, Published
+    from rlflow.stages.checksum import checksum
+    from rlflow.stages.weight_buckets import as_bytes, module_buckets, module_layouts
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
+    layouts = module_layouts(model, 1 << 20)
+    refs = [ray.put([as_bytes(t) for t in tensors]) for _, tensors in module_buckets(model, 1 << 20)]
     server = ParameterServer.remote()
-    ray.get(server.push.remote(2, [ray.put(views)]))
-    assert ray.get(server.latest.remote()).checksum == checksum(trainer_model.state_dict())
+    ray.get(server.push.remote(Published(2, refs, "", tuple(layouts))))
+    assert ray.get(server.latest.remote()).checksum == checksum(model.state_dict())

@@ -1,0 +1,384 @@
+"""The scale ladder: weights, memory and trainer throughput on models of real shape, built here (no download).
+
+    python benchmarks/bench_scale.py [--sizes 0.5b 1.5b] [--parts transport memory packing] [--repeat 2]
+
+Sizes are Qwen2-shaped configs with random weights (0.5b: hidden 896, 24 layers, 14 heads / 2 KV heads,
+MLP 4864, vocab 151,936, tied: 494M parameters; 1.5b: hidden 1536, 28 layers, 12 / 2 heads, MLP 8960: 1.54B;
+135m: SmolLM2-135M's Llama shape, for a quick run). Parts:
+
+- transport: one weight version from a trainer actor to a rollout actor, in bf16 (the GPU training dtype), in
+  256 MiB buckets, over each transport rlflow has (`weight_sync.transport`), next to this machine's memcpy
+  bandwidth (one copy of the same bytes: the physical limit here) and next to the path rlflow had before
+  (the whole model converted to fp32 in one process, one ray.put, one ray.get, copied in). publish + pull is
+  what a version costs an instance; the goal is >= 50% of memcpy bandwidth for the bytes moved.
+- memory: peak RSS of one trainer step (DeepSpeed ZeRO-1, fp32 on this CPU, Adam) against the analytic
+  params + grads + Adam states estimate (16 bytes per parameter in fp32); goal within 1.3x.
+- packing: trainer tokens/s padded vs packed, with and without activation checkpointing, on completions with
+  builtin:repeat's long-tailed lengths; goal: packing >= 1.5x.
+
+Prints a table per part and writes benchmarks/results/scale.md. The simulator's weight-sync cost reads the
+transport rows (rlflow/sim/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from results_table import publish_table
+
+RESULTS = Path(__file__).parent / "results" / "scale.md"
+QWEN2 = {  # Qwen2's published shapes; random weights
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2},
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2},
+}
+COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 4096, "rope_theta": 1e6}
+SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
+BUCKET_BYTES = 256 * 2**20
+
+
+def config_for(size: str):
+    import transformers
+
+    if size == "135m":
+        return transformers.LlamaConfig(**SMOLLM2_135M)
+    return transformers.Qwen2Config(**COMMON, **QWEN2[size])
+
+
+def build_model(size: str, dtype: str):
+    """A randomly initialised model of `size`, cheaply: built on the meta device, then every tensor filled (each
+    page touched, so copies cost what real weights cost)."""
+    import torch
+    import transformers
+
+    config = config_for(size)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model = model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            t.uniform_(-0.05, 0.05, generator=gen)
+    model.tie_weights()
+    return model
+
+
+def memcpy_gbps(nbytes: int, repeat: int) -> float:
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    return nbytes / best(lambda: dst.copy_(src), repeat) / 1e9
+
+
+def best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def transport_actors():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        """Holds the weights, as rank 0 does, and publishes them (rlflow/runtime/weight_sync.py publish)."""
+
+        def __init__(self, size: str, dtype: str):
+            import torch
+
+            torch.set_num_threads(1)
+            self.model = build_model(size, dtype)
+            self.links = {}
+
+        def nbytes(self) -> int:
+            return sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+
+        def publish(self, params, version: int, transport: str) -> dict:
+            from rlflow.runtime.weight_link import open_link
+            from rlflow.runtime.weight_sync import publish
+            from rlflow.stages.weight_buckets import module_buckets, module_layouts
+
+            if transport == "collective" and transport not in self.links:
+                self.links[transport] = open_link(params)
+            return publish(params, version, module_layouts(self.model, BUCKET_BYTES),
+                           module_buckets(self.model, BUCKET_BYTES), transport=transport, link=self.links.get(transport))
+
+        def publish_before(self) -> tuple[list, float]:
+            """The path rlflow had before: the whole state as fp32 numpy copies in this process, one ray.put."""
+            import torch
+
+            t0 = time.perf_counter()
+            state = {k: v.detach().to("cpu", torch.float32).numpy().copy(order="C") for k, v in self.model.state_dict().items()}
+            ref = ray.put(state)
+            del state
+            return [ref], time.perf_counter() - t0
+
+    @ray.remote(num_cpus=0)
+    class Instance:
+        """A rollout instance's side: the engine's parameters (same shapes, same dtype) and its load path
+        (stages/engine_hf.py load_into: copy each bucket in, checksum read back)."""
+
+        def __init__(self, size: str, dtype: str):
+            import torch
+
+            torch.set_num_threads(1)
+            self.params = build_model(size, dtype).state_dict()
+
+        def pull(self, published) -> tuple[str, float]:
+            from rlflow.runtime.weight_sync import pull_buckets
+            from rlflow.stages.engine_hf import load_into
+
+            t0 = time.perf_counter()
+            checksum = load_into(self.params, pull_buckets(published))
+            return checksum, time.perf_counter() - t0
+
+        def pull_before(self, wrapped: list) -> float:
+            """get (zero-copy fp32 views) and copy, casting, into the parameters."""
+            import torch
+
+            t0 = time.perf_counter()
+            state = ray.get(wrapped[0])
+            with torch.no_grad():
+                for name, view in state.items():
+                    self.params[name].copy_(torch.from_numpy(view))
+            return time.perf_counter() - t0
+
+    return Trainer, Instance
+
+
+def measure_transport(size: str, repeat: int, dtype: str = "bfloat16") -> list[dict]:
+    import ray
+
+    from rlflow.runtime.weight_sync import ParameterServer
+    from rlflow.stages.checksum import checksum
+
+    Trainer, Instance = transport_actors()
+    trainer, instance = Trainer.remote(size, dtype), Instance.remote(size, dtype)
+    nbytes = ray.get(trainer.nbytes.remote())
+    rows = [{"path": "memcpy (one copy of the same bytes)", "bytes": nbytes, "total_s": nbytes / memcpy_gbps(nbytes, repeat) / 1e9}]
+    version = 0
+    for transport in ("object_store", "collective"):
+        server = ParameterServer.remote()
+        samples = []
+        for _ in range(repeat):
+            version += 1
+            out = ray.get(trainer.publish.remote(server, version, transport))
+            published = ray.get(server.latest.remote())
+            loaded, pull_s = ray.get(instance.pull.remote(published))
+            assert loaded == out["checksum"] == published.checksum, f"{transport}: checksums differ"
+            samples.append({"path": f"{transport} (rlflow now)", "bytes": out["bytes"], "publish_s": out["sync_s"],
+                            "pull_s": pull_s, "total_s": out["sync_s"] + pull_s, "buckets": out["buckets"]})
+            del published
+        rows.append(min(samples, key=lambda r: r["total_s"]))
+        ray.kill(server)
+    samples = []
+    for _ in range(repeat):
+        ref, publish_s = ray.get(trainer.publish_before.remote())
+        pull_s = ray.get(instance.pull_before.remote(ref))
+        samples.append({"path": "before: whole model to fp32 + one ray.put", "bytes": nbytes * (2 if dtype == "bfloat16" else 1),
+                        "publish_s": publish_s, "pull_s": pull_s, "total_s": publish_s + pull_s, "buckets": 1})
+        del ref
+    rows.append(min(samples, key=lambda r: r["total_s"]))
+    ray.kill(trainer)
+    ray.kill(instance)
+    del checksum
+    return rows
+
+
+def transport_table(size: str, rows: list[dict]) -> list[str]:
+    memcpy = rows[0]["bytes"] / rows[0]["total_s"]
+    model_bytes = rows[0]["bytes"]
+    lines = [f"\n### {size}: {model_bytes / 2**30:.2f} GiB of bf16 weights per version\n",
+             "| path | buckets | publish s | pull s | publish + pull s | GB/s of bytes moved | vs memcpy | vs before |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    before = rows[-1]["total_s"]
+    for r in rows:
+        rate = r["bytes"] / r["total_s"]
+        lines.append(f"| {r['path']} | {r.get('buckets', '')} | {r.get('publish_s', float('nan')):.2f} | "
+                     f"{r.get('pull_s', float('nan')):.2f} | {r['total_s']:.2f} | {rate / 1e9:.2f} | {rate / memcpy:.2f}x | "
+                     f"{before / r['total_s']:.2f}x |")
+    return lines
+
+
+# ----------------------------------------------------------------------------- trainer: memory and packing
+
+#: the trainer rows' batch: groups x group size, prompt tokens, and the longest completion (builtin:repeat's law
+#: of 1 + lognormal(0.8, 0.7) words, at most 16, scaled so 16 words fill max_new_tokens)
+TRAIN_BATCH = {"groups": 4, "group_size": 4, "prompt_tokens": 16, "max_new_tokens": 128, "micro_batch_size": 8}
+
+
+def repeat_lengths(n: int, max_new_tokens: int, seed: int = 0) -> list[int]:
+    """Completion lengths with builtin:repeat's long tail (stages/tasks.py repeat), scaled to max_new_tokens."""
+    import random
+
+    rng = random.Random(seed)
+    return [max(1, min(1 + int(rng.lognormvariate(0.8, 0.7)), 16) * max_new_tokens // 16) for _ in range(n)]
+
+
+def save_model(size: str, out: Path) -> Path:
+    """A random fp32 model of `size` saved as a Hugging Face directory (what the trainer loads)."""
+    if not (out / "config.json").exists():
+        build_model(size, "float32").save_pretrained(out)
+    return out
+
+
+def train_child(model_dir: str, packing: bool, checkpointing: bool, steps: int) -> dict:
+    """One trainer configuration in this (fresh) process: seconds and tokens per step, peak RSS, parameters."""
+    import random
+    import resource
+
+    import torch
+
+    from rlflow.stages.trainer import DeepSpeedTrainer
+    from rlflow.stages.trajectory import Trajectory
+
+    torch.set_num_threads(1)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # imports, before any weights
+    b = TRAIN_BATCH
+    trainer = DeepSpeedTrainer(model_dir, str(Path(__file__).parents[1] / "configs" / "deepspeed" / "zero1.json"),
+                               lr=1e-6, clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0,
+                               max_importance_ratio=5.0, micro_batch_size=b["micro_batch_size"], dtype="float32",
+                               packing=packing, gradient_checkpointing=checkpointing)
+    params = sum(p.numel() for p in trainer.engine.module.parameters())
+    vocab = trainer.engine.module.config.vocab_size
+    rng = random.Random(1)
+    n = b["groups"] * b["group_size"]
+    trajs = []
+    for k, length in enumerate(repeat_lengths(n, b["max_new_tokens"])):
+        t = Trajectory(group_id=f"g{k // b['group_size']}", index=k % b["group_size"], prompt="", answer="",
+                       prompt_ids=[rng.randrange(vocab) for _ in range(b["prompt_tokens"])],
+                       completion_ids=[rng.randrange(vocab) for _ in range(length)], reward=float(k % 2))
+        t.behaviour_logprobs = [-11.0] * length
+        trajs.append(t)
+    times, tokens = [], 0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = trainer.train_step(trajs, b["group_size"])
+        times.append(time.perf_counter() - t0)
+        tokens = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"params": params, "step_s": min(times[1:] or times), "tokens": tokens, "peak_bytes": peak,
+            "base_bytes": base_rss, "trained_tokens": out["tokens"]}
+
+
+def run_child(model_dir: Path, packing: bool, checkpointing: bool, steps: int) -> dict:
+    import json
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--child", str(model_dir), str(int(packing)), str(int(checkpointing)), str(steps)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainer child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def analytic_bytes(params: int) -> int:
+    """fp32 weights + fp32 grads + Adam's two fp32 states: 16 bytes per parameter (ZeRO-1, one rank)."""
+    return 16 * params
+
+
+def trainer_rows(size: str, tmp: Path, steps: int) -> list[str]:
+    import psutil
+
+    params_estimate = config_params(size)
+    if analytic_bytes(params_estimate) > 0.8 * psutil.virtual_memory().total:
+        return [f"\n### {size}: not run here",
+                f"params + grads + Adam for {params_estimate / 1e9:.2f}B parameters in fp32 is "
+                f"{analytic_bytes(params_estimate) / 2**30:.1f} GiB, over 80% of this machine's "
+                f"{psutil.virtual_memory().total / 2**30:.0f} GiB (a GPU host, or ZeRO-3 over ranks, runs it)."]
+    model_dir = save_model(size, tmp / size)
+    results = {}
+    for packing in (False, True):
+        for checkpointing in (False, True):
+            print(f"{size}: trainer packing={packing} checkpointing={checkpointing} ...", flush=True)
+            results[(packing, checkpointing)] = run_child(model_dir, packing, checkpointing, steps)
+    base = results[(False, False)]
+    lines = [f"\n### {size}: {base['params'] / 1e6:.0f}M parameters, {base['tokens']} tokens per step "
+             f"({TRAIN_BATCH['groups']}x{TRAIN_BATCH['group_size']} trajectories, repeat-law lengths up to "
+             f"{TRAIN_BATCH['max_new_tokens']}), ZeRO-1, fp32, one rank\n",
+             "| micro-batches | activation checkpointing | s/step | tokens/s | vs padded | peak RSS GiB | "
+             "analytic GiB | peak / analytic |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (packing, checkpointing), r in results.items():
+        rate = r["tokens"] / r["step_s"]
+        peak = r["peak_bytes"] - r["base_bytes"]
+        analytic = analytic_bytes(r["params"])
+        lines.append(f"| {'packed' if packing else 'padded'} | {'on' if checkpointing else 'off'} | {r['step_s']:.2f} | "
+                     f"{rate:.0f} | {rate / (base['tokens'] / base['step_s']):.2f}x | {peak / 2**30:.2f} | "
+                     f"{analytic / 2**30:.2f} | {peak / analytic:.2f}x |")
+    return lines
+
+
+def config_params(size: str) -> int:
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config_for(size))
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["135m", "0.5b", "1.5b"])
+    ap.add_argument("--parts", nargs="+", default=["transport", "trainer"], choices=["transport", "trainer"])
+    ap.add_argument("--repeat", type=int, default=4, help="rounds per transport (the first ones warm the buffers)")
+    ap.add_argument("--steps", type=int, default=2, help="trainer steps per configuration (the first is warm-up)")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        import json
+
+        model_dir, packing, checkpointing, steps = args.child
+        print(json.dumps(train_child(model_dir, packing == "1", checkpointing == "1", int(steps))))
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    lines = ["# Scale ladder\n",
+             f"`python benchmarks/bench_scale.py --sizes {' '.join(args.sizes)} --parts {' '.join(args.parts)} "
+             f"--repeat {args.repeat}`  ",
+             (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+              f"torch {torch.__version__}, ray {ray.__version__}; one thread per process; best of {args.repeat}.\n")]
+    if "transport" in args.parts:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+        lines += ["## Weights: one version, trainer actor -> rollout actor\n",
+                  "GB/s is the version's bytes (bf16; the fp32 copy for `before`) over publish + pull seconds."]
+        try:
+            for size in args.sizes:
+                print(f"{size}: transports ...", flush=True)
+                lines += transport_table(size, measure_transport(size, args.repeat))
+                print("\n".join(lines[-6:]), flush=True)
+        finally:
+            ray.shutdown()
+    if "trainer" in args.parts:
+        import tempfile
+
+        lines += ["\n## Trainer: memory and tokens/s, padded vs packed, activation checkpointing off vs on\n",
+                  "Peak RSS is the trainer process's maximum resident memory less what it held before building the model "
+                  "(imports). One process per row."]
+        with tempfile.TemporaryDirectory() as tmp:
+            for size in args.sizes:
+                lines += trainer_rows(size, Path(tmp), args.steps)
+                print("\n".join(lines[-6:]), flush=True)
+    publish_table(RESULTS, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
