@@ -286,7 +286,7 @@ def _simulate(args) -> int:
 
 def _profile(args) -> int:
     from rlflow import registry
-    from rlflow.profile import fit_profile, machine, measure_engine, write_profile
+    from rlflow.profile import fit_profile, machine, measure_engine, measure_pull, write_profile
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     model = (registry.resolve("model", args.model)(task=args.task) if args.model.startswith("builtin:") else args.model)
@@ -300,6 +300,7 @@ def _profile(args) -> int:
 
         raise PipelineInvalid("rlflow profile", [Problem(("--batch-sizes",), str(e), "too-few-samples",
                                                           "pass more batch sizes, or a prompt with longer answers")]) from None
+    pull_s = measure_pull(engine, model)
     if hasattr(engine, "close"):
         engine.close()
     command = (f"rlflow profile --engine {args.engine} --model {args.model} --task {args.task} "
@@ -308,8 +309,8 @@ def _profile(args) -> int:
     path = write_profile(fit, args.output, name=f"{args.engine}-{model.name if hasattr(model, 'name') else model}",
                          engine=args.engine, model=args.model,
                          source=f"measured {when} by `{command}` on {machine()}; fit R^2 = {fit['r2']:.3f}",
-                         max_running=max(sizes), kv_budget=max(sizes) * 512)
-    print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()))
+                         max_running=max(sizes), kv_budget=max(sizes) * 512, pull_s=pull_s)
+    print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()) + f"  pull_s={pull_s:.3g}")
     print(f"wrote {path}")
     return EXIT_OK
 

@@ -104,6 +104,30 @@ def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 3
     return samples
 
 
+def measure_pull(engine, model_dir: str | Path, repeat: int = 3) -> float:
+    """Seconds the engine is blocked loading one weight version: its own checkpoint, in the runtime's buckets, through
+    `load_weights` (copy in plus the read-back checksum), best of `repeat`. On the object store a pull's bytes are
+    already local (a zero-copy get), so this is the instance's whole share of a pull; the simulator stalls an instance
+    this long per pull (StaleFlow's cost model has a pull term, Appendix B). Publishing costs the trainer, not the
+    instance (benchmarks/bench_scale.py measures both)."""
+    from safetensors.torch import load_file
+
+    from rlflow.stages.weight_buckets import state_buckets
+
+    state = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    if not state:
+        raise ValueError(f"no safetensors weights in {model_dir}: cannot measure a pull")
+    best = float("inf")
+    for version in range(1, repeat + 1):
+        buckets = ({n: t for n, t in zip(layout.names, tensors)} for layout, tensors in state_buckets(state))
+        t0 = time.perf_counter()
+        engine.load_weights(buckets, version)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def machine() -> str:
     """The machine a profile was measured on, in words: CPU cores this process may use, and its GPU if any."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -117,7 +141,7 @@ def machine() -> str:
 
 
 def write_profile(fit: dict, path: str | Path, *, name: str, engine: str, model: str, source: str, max_running: int,
-                  kv_budget: float) -> Path:
+                  kv_budget: float, pull_s: float | None = None) -> Path:
     """Write a configs/profiles/ JSON; values the fit does not give are stated as assumptions.
 
     `engine` (registry name) and `model` (the path the engine loaded) say what was measured, so a pipeline
@@ -135,7 +159,9 @@ def write_profile(fit: dict, path: str | Path, *, name: str, engine: str, model:
         "kv_budget": {"value": kv_budget, "unit": "KV units", "from": "assumption: engine's max_running x max_model_len"},
         "max_running": {"value": max_running, "from": "engine setting"},
         "prefill_s_per_token": {"value": fit["k3"], "from": "assumption: one decode slot's cost per prompt token"},
-        "pull_s": {"value": 0.0, "from": "assumption: not measured"},
+        "pull_s": ({"value": pull_s, "unit": "s per pull", "from": "rlflow profile: the engine loading its own weights "
+                    "in buckets (profile.measure_pull)"} if pull_s is not None else
+                   {"value": 0.0, "from": "assumption: not measured"}),
         "fit": {"crossover": fit["crossover"], "r2": fit["r2"]},
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -91,3 +91,22 @@ def test_measures_and_fits_a_real_hf_engine():
     for s in samples:
         predicted = fit["k1"] * s.kv_cache + max(fit["k2"], fit["k3"] * s.running) + fit["k4"]
         assert median / 4 < predicted < median * 4
+
+
+def test_a_pull_is_measured_on_the_engine_and_written_into_the_profile(tmp_path):
+    """measure_pull loads the engine's own checkpoint through load_weights (buckets, checksum); the profile keeps it,
+    so the simulator stalls an instance for a measured pull, not an assumed zero."""
+    from rlflow.profile import measure_pull
+    from rlflow.stages.engine_hf import HFEngine
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    model = build_tiny_llama("repeat", progress=lambda *a: None)
+    engine = HFEngine(model, max_running=4, max_new_tokens=8)
+    pull_s = measure_pull(engine, model, repeat=2)
+    assert 0 < pull_s < 30 and engine.version == 2  # it really loaded, twice
+    path = write_profile(fit_profile(synthetic(0.0)), tmp_path / "p.json", name="synthetic", engine="hf",
+                         model="builtin:tiny-llama", source="test", max_running=64, kv_budget=32768, pull_s=pull_s)
+    assert CostProfile.load(path).pull_s == pytest.approx(pull_s)
+    assert "measure_pull" in json.loads(path.read_text())["pull_s"]["from"]
+    with pytest.raises(ValueError, match="no safetensors"):
+        measure_pull(engine, tmp_path)
