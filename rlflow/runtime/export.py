@@ -3,9 +3,9 @@
 A run exports the weights the parameter server last published (no trainer call) into
 `<run dir>/export/` when it ends (and on Ctrl-C), and into `<run dir>/export/step-<N>/` every
 `stages.<train>.save_every` steps; `rlflow export RUN` rebuilds the full fp32 state from the run's DeepSpeed
-checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (the published dtype; fp32 from a checkpoint), the
-tokenizer and generation files of the model directory the run started from, plan.json and rlflow_export.json
-(version, step, where the weights came from).
+checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (in the published
+dtype; fp32 from a checkpoint), the tokenizer and generation files of the model directory the run started from,
+plan.json and rlflow_export.json (version, step, where the weights came from).
 """
 
 from __future__ import annotations
