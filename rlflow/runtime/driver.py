@@ -172,7 +172,8 @@ class Run:
                 self.tracker.end("FAILED")
             self._end_actors()  # a failed start (a bad data file, an engine that cannot load) leaves nothing behind
             raise
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        # SIGTERM is what Slurm, Kubernetes and `docker stop` send: stop as on Ctrl-C (finish the step, checkpoint)
+        previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         for f in self.fleets:
             self.log(f"{f.stage}: {f.coordination.describe()}" + (f"; {f.dispatch.describe()}" if f.dispatch else ""))
         if self.elastic.fleets:
@@ -205,7 +206,8 @@ class Run:
                 status = "KILLED"  # the trainer is alive: save a checkpoint to resume from, then fail
             raise
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self._shutdown(status)
         return self.metrics.history
 
@@ -323,10 +325,12 @@ class Run:
         recalls = [r for r in recalls if r is not None]
         return sum(recalls) / len(recalls) if recalls else None
 
-    def _on_sigint(self, *_):
+    def _on_stop_signal(self, signum, _frame):
         if self.stop_requested:
             raise KeyboardInterrupt
-        self.log("\nstopping: finishing the current step and saving a checkpoint (Ctrl-C again to quit at once)")
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        self.log(f"\nstopping on {name}: finishing the current step and saving a checkpoint ({name} again to quit at "
+                 "once); rlflow run --resume continues")
         self.stop_requested = True
 
     # ------------------------------------------------------------------ checkpoint / resume / shutdown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -167,6 +168,31 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     if len(second.drawn) > len(regenerated):
         assert second.drawn[len(regenerated)] == f"main-{drawn}"  # then the prompts after the first run's last
     assert_ledger(out, steps=4, batch=plan["control"]["staleness"]["batch_size"], eta=plan["control"]["staleness"]["eta"])
+
+
+def test_sigterm_stops_like_ctrl_c_with_a_checkpoint(ray_cluster, workdir):
+    """SIGTERM, what Slurm, Kubernetes and `docker stop` send, finishes the step and checkpoints as Ctrl-C does
+    (it used to abort the driver with no checkpoint and no message); the previous handler is back afterwards."""
+    from rlflow.runtime.driver import Run
+
+    plan = plan_for("synchronous", "stages.train.steps=6")
+    out = Path(".rlflow/runs") / plan["name"]
+    lines: list[str] = []
+    run = Run(plan, out_dir=out, log=lambda *a, **k: lines.extend(map(str, a)))
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminate():
+        while len(run.history) < 1:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate, daemon=True).start()
+    run.run()
+    assert run.stop_requested and 1 <= len(run.history) < 6
+    assert any("stopping on SIGTERM" in line for line in lines), lines
+    state = json.loads((out / "state.json").read_text())
+    assert state["step"] == len(run.history)  # the checkpoint is of the last step trained
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def ledger_open_groups(out: Path) -> tuple[list[str], int]:
