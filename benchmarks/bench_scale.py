@@ -161,7 +161,6 @@ def measure_transport(size: str, repeat: int, dtype: str = "bfloat16") -> list[d
     import ray
 
     from rlflow.runtime.weight_sync import ParameterServer
-    from rlflow.stages.checksum import checksum
 
     Trainer, Instance = transport_actors()
     trainer, instance = Trainer.remote(size, dtype), Instance.remote(size, dtype)
@@ -199,7 +198,6 @@ def measure_transport(size: str, repeat: int, dtype: str = "bfloat16") -> list[d
                 {"path": f"before: whole model to fp32 + one ray.put: {failed}", "bytes": 0, "total_s": float("nan")})
     for actor in (trainer, instance):
         ray.kill(actor)
-    del checksum
     return rows
 
 

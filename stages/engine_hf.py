@@ -14,7 +14,6 @@ windows): the cache is rebuilt as plain DynamicLayers when rows join.
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ import torch
 from rlflow.stages.checksum import Checksum
 from rlflow.stages.engine import RolloutEngine, weight_buckets
 from rlflow.stages.trajectory import Trajectory
+from rlflow.stages.weight_buckets import as_tensor
 
 
 @dataclass
@@ -350,9 +350,7 @@ def load_into(params: dict[str, torch.Tensor], state, copy=None) -> str:
         for name, array in bucket.items():
             if tuple(array.shape) != tuple(params[name].shape):
                 raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {tuple(params[name].shape)}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy views (zero-copy from Ray) are fine to copy from
-            sources = {n: a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a)) for n, a in bucket.items()}
+        sources = {n: as_tensor(a) for n, a in bucket.items()}
         for name, source in sources.items():
             copy(params[name], source)
             total.add(name, _held(params[name], source))

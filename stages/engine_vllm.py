@@ -352,6 +352,8 @@ class VLLMEngine(RolloutEngine):
         written as its own safetensors shard as it comes, then vLLM reloads the directory once."""
         from safetensors.torch import save_file
 
+        from rlflow.stages.weight_buckets import as_tensor
+
         t0 = time.perf_counter()
         total, extras, embed = Checksum(), {}, None
         # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
@@ -368,8 +370,8 @@ class VLLMEngine(RolloutEngine):
                     if name in self._shapes and tuple(array.shape) != self._shapes[name]:
                         raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
                 # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
-                handed = {n: _tensor(v) for n, v in bucket.items() if n in self._shapes}
-                extras.update({n: _tensor(v).clone() for n, v in bucket.items() if n not in self._shapes})
+                handed = {n: as_tensor(v) for n, v in bucket.items() if n in self._shapes}
+                extras.update({n: as_tensor(v).clone() for n, v in bucket.items() if n not in self._shapes})
                 if _TIED_SOURCE in handed and "lm_head.weight" not in self._shapes:
                     embed = handed[_TIED_SOURCE].clone()
                 for name, t in handed.items():
@@ -475,20 +477,6 @@ def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
             for name in handle.keys():
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
-
-
-def _tensor(value):
-    """A bucket's value as a torch tensor (numpy arrays, also read-only views, without a copy)."""
-    import warnings
-
-    import numpy as np
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(value))
 
 
 def _shm_dir() -> str | None:

@@ -99,11 +99,24 @@ def as_bytes(t: torch.Tensor):
 
 def from_bytes(slot: Slot, data) -> torch.Tensor:
     """The tensor a slot describes, viewing numpy uint8 bytes (`as_bytes`) without a copy."""
+    return as_tensor(data).view(getattr(torch, slot.dtype)).view(slot.shape)
+
+
+def as_tensor(value) -> torch.Tensor:
+    """A bucket's value as a torch tensor: a tensor as it is, a numpy array (also a read-only zero-copy view from the
+    object store, which readers only read) without a copy unless it is not C-contiguous."""
+    if isinstance(value, torch.Tensor):
+        return value
     import warnings
 
+    import numpy as np
+
+    array = np.asarray(value)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only object-store views: the engine only reads them
-        return torch.from_numpy(data).view(getattr(torch, slot.dtype)).view(slot.shape)
+        warnings.simplefilter("ignore", UserWarning)  # torch warns about read-only arrays
+        return torch.from_numpy(array)
 
 
 def state_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> Iterator[tuple[BucketLayout, list[torch.Tensor]]]:

@@ -25,12 +25,10 @@ SKIP_NAMES = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.
 
 
 def _as_tensor(t):
-    """A CPU torch tensor of a numpy array or tensor (bf16 has no numpy dtype, so the file is written from torch)."""
-    import torch
+    """A contiguous CPU torch tensor of a numpy array or tensor (bf16 has no numpy dtype: the file is written from torch)."""
+    from rlflow.stages.weight_buckets import as_tensor
 
-    if isinstance(t, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(t))
-    return t.detach().to("cpu").contiguous()
+    return as_tensor(t).detach().to("cpu").contiguous()
 
 
 def _tied(model_dir: Path) -> bool:

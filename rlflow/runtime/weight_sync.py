@@ -22,7 +22,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 import torch
@@ -79,7 +79,7 @@ class ParameterServer:
             for layout, bucket in zip(published.layouts, fetch_buckets(published)):
                 for name in layout.names:
                     total.add(name, bucket[name])
-            published = Published(published.version, published.ref, total.hexdigest(), published.layouts, published.transport, published.relay)
+            published = replace(published, checksum=total.hexdigest())
         self._latest = published  # one assignment: atomic
         return published.version
 
@@ -147,17 +147,6 @@ class ParameterServer:
             raise LookupError(f"weights version {version} is no longer held by the parameter server")
         return [ray.put(buf.numpy()) for buf in buffers]
 
-    @ray.method(concurrency_group="links")
-    def close_link(self, key: str) -> None:
-        with self._lock:
-            link = self._links.pop(key, None)
-        if link is not None:
-            link.close()
-
-
-def state_views(module_state: dict) -> dict:
-    """name -> tensor of a CPU state dict, detached (kept for callers that publish a plain state dict)."""
-    return {name: t.detach() for name, t in module_state.items()}
 
 
 def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iterable[tuple[BucketLayout, list]], *,
@@ -181,21 +170,19 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
             raise ValueError("publish: the buckets do not follow the layouts announced for them")
         t1 = time.perf_counter()
         if transport == "object_store":
-            ref = ray.put([as_bytes(t.cpu()) for t in tensors])
-            refs.append(ref)
-            stored = ray.get(ref)  # zero-copy read-only views into the object store
+            refs.append(ray.put([as_bytes(t.cpu()) for t in tensors]))
+            stored = ray.get(refs[-1])  # zero-copy read-only views into the object store
             t2 = time.perf_counter()
             for slot, data in zip(layout.slots, stored):
                 total.add(slot.name, from_bytes(slot, data))
             del stored
+            move_s, checksum_s = move_s + (t2 - t1), checksum_s + (time.perf_counter() - t2)
         else:
             for slot, t in zip(layout.slots, tensors):
                 total.add(slot.name, t)
             t2 = time.perf_counter()
             link.send(pack(layout, tensors, out=staging[: layout.nbytes]))
-        t3 = time.perf_counter()
-        move_s += (t2 - t1) if transport == "object_store" else (t3 - t2)
-        checksum_s += (t3 - t2) if transport == "object_store" else (t2 - t1)
+            checksum_s, move_s = checksum_s + (t2 - t1), move_s + (time.perf_counter() - t2)
     if receiving is not None:
         ray.get(receiving, timeout=LINK_TIMEOUT.total_seconds())
     published = Published(version, refs if transport == "object_store" else None, total.hexdigest(), layouts, transport,

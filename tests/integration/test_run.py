@@ -143,12 +143,7 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     out = Path(".rlflow/runs") / plan["name"]
     first = Run(plan, out_dir=out, log=lambda *a: None)
 
-    def interrupt():
-        while len(first.history) < 2:
-            time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
+    signal_after(first, 2, signal.SIGINT)
     first.run()
     stopped_at = len(first.history)
     assert first.stop_requested and 2 <= stopped_at < 4
@@ -170,6 +165,17 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     assert_ledger(out, steps=4, batch=plan["control"]["staleness"]["batch_size"], eta=plan["control"]["staleness"]["eta"])
 
 
+def signal_after(run, steps: int, signum: int) -> None:
+    """Send this process `signum` (its handler runs in the main thread, inside run.run()) once `run` has trained
+    `steps` steps."""
+    def send():
+        while len(run.history) < steps:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
 def test_sigterm_stops_like_ctrl_c_with_a_checkpoint(ray_cluster, workdir):
     """SIGTERM, what Slurm, Kubernetes and `docker stop` send, finishes the step and checkpoints as Ctrl-C does
     (it used to abort the driver with no checkpoint and no message); the previous handler is back afterwards."""
@@ -181,12 +187,7 @@ def test_sigterm_stops_like_ctrl_c_with_a_checkpoint(ray_cluster, workdir):
     run = Run(plan, out_dir=out, log=lambda *a, **k: lines.extend(map(str, a)))
     before = signal.getsignal(signal.SIGTERM)
 
-    def terminate():
-        while len(run.history) < 1:
-            time.sleep(0.1)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=terminate, daemon=True).start()
+    signal_after(run, 1, signal.SIGTERM)
     run.run()
     assert run.stop_requested and 1 <= len(run.history) < 6
     assert any("stopping on SIGTERM" in line for line in lines), lines
