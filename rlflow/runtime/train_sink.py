@@ -93,6 +93,9 @@ class TrainerWorker:
             # LOCAL_RANK 0: Ray gives each rank its own GPU as device 0 (CUDA_VISIBLE_DEVICES); on CPU it is unused
             os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                               MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        else:  # a world of one on a port of its own: not a launcher's RANK/WORLD_SIZE/MASTER_PORT inherited from the driver
+            for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(key, None)
         # each rank materialises the shipped model on its own node (rank 0 passed the shipment on, not its path)
         self.trainer = DeepSpeedTrainer(local_model_dir(model_dir), deepspeed_config, **trainer_kwargs)  # joins the process group
 
