@@ -1,35 +1,30 @@
 """Calling a user's reward function safely, inside the reward stream's Score actors (reward_stream.py).
 
-A reward call fails that trajectory (not the stream) when it raises ("<fn> raised <Type>: <msg>"), returns
-something that is not a finite number ("<fn> returned 'yes' (str), not a number", "... returned nan") or runs
-longer than REWARD_TIMEOUT_S ("<fn> timed out after 30 s"; after TIMEOUTS_IN_A_ROW of them the rest of the
-bundle fails without a call). A reward that fails on most calls would otherwise starve the buffer forever, so
-the stream watches each stage's failure rate (FailureRate): more than MAX_FAILED_FRACTION of its last
-FAILURE_WINDOW trajectories failed puts ("error", stage, RewardStageFailing) and the run stops with that message.
+Each call runs in the Score actor's child process (reward_process.py). A call fails that trajectory (not the
+stream) when it raises ("<fn> raised <Type>: <msg>"), returns something that is not a finite number ("<fn> returned
+'yes' (str), not a number", "... returned nan"), runs longer than REWARD_TIMEOUT_S ("<fn> timed out after 30 s";
+the child is killed) or kills its process twice on the same row ("<fn> killed its process (exit code 1) ...": a
+poison row; one death is retried in a new child, so a process lost to something else costs nothing).
+Two rules stop the stage, with ("error", stage, RewardStageFailing), and so the run: TIMEOUTS_IN_A_ROW timeouts in a
+row in one actor (a reward that hangs on every row stops in a few timeouts, not after a window of them), and more
+than MAX_FAILED_FRACTION of the last FAILURE_WINDOW trajectories failed (FailureRate: a reward that fails on most
+calls would otherwise starve the buffer forever).
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import inspect
 import math
-import queue
-import signal
-import threading
 
 from rlflow.errors import PipelineInvalid, Problem
 
-# One reward call may take this long; past it the trajectory fails with "timed out after 30 s" (TimedCall, in the
-# Score actor). Ray Data 2.60 runs a sync UDF off the actor's main thread, where SIGALRM cannot be used, so there
-# the call runs on a worker thread: past the timeout it is abandoned (the next call gets a new thread) and
-# interrupted with an asynchronous exception, which stops a Python loop at once and a sleep or a C call when it
-# returns (tests/integration/test_bad_input.py::test_slow_reward_times_out_inside_the_reward_actor). On a main
-# thread (a reward scored outside Ray Data) SIGALRM interrupts sleeps too.
+# One reward call may take this long; past it the trajectory fails with "timed out after 30 s" and the child process
+# running the call is killed (a sleep, a C call or a Python loop alike).
 REWARD_TIMEOUT_S = 30.0
-# After this many timeouts in a row, the rest of a bundle (up to MAX_GROUPS_PER_PULL groups) fails at once
-# ("not called: ...") instead of waiting REWARD_TIMEOUT_S per trajectory; the next bundle tries again. So a
-# reward that always hangs reaches the failure-rate stop below in minutes, not hours.
+# A Score actor whose last TIMEOUTS_IN_A_ROW calls (across bundles) all timed out stops its stage
+# ("reward-hangs"): one hanging row fails only its trajectory, a reward that hangs on every row stops the run
+# after TIMEOUTS_IN_A_ROW x REWARD_TIMEOUT_S.
 TIMEOUTS_IN_A_ROW = 3
 # A reward stage stops the run when more than MAX_FAILED_FRACTION of its last FAILURE_WINDOW trajectories failed
 # (judged once it has scored FAILURE_WINDOW): a reward that fails on every call would otherwise run forever.
@@ -62,7 +57,7 @@ def filter_verdict(fn, rewards: list[float], errors: list[str]) -> bool:
 
 
 class RewardTimeout(Exception):
-    """A reward call ran past its timeout."""
+    """A reward call ran past its timeout (its process was killed)."""
 
 
 def as_reward(value) -> float:
@@ -80,76 +75,15 @@ def as_reward(value) -> float:
     return r
 
 
-class TimedCall:
-    """fn(*args) with a timeout: SIGALRM on the main thread, else a worker thread that is abandoned (and
-    replaced, and sent an asynchronous RewardTimeout) when a call overruns."""
-
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self._worker: tuple[queue.Queue, threading.Thread] | None = None
-
-    def __call__(self, fn, *args):
-        if self.timeout_s is None or self.timeout_s <= 0:
-            return fn(*args)
-        if threading.current_thread() is threading.main_thread():
-            return self._with_alarm(fn, args)
-        return self._on_worker(fn, args)
-
-    def _with_alarm(self, fn, args):
-        armed = [True]
-
-        def on_alarm(*_):
-            if armed[0]:
-                raise RewardTimeout
-
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-        try:
-            return fn(*args)
-        finally:
-            armed[0] = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-
-    def _on_worker(self, fn, args):
-        if self._worker is None:
-            jobs: queue.Queue = queue.Queue()
-            thread = threading.Thread(target=_work, args=(jobs,), name="reward-call", daemon=True)
-            thread.start()
-            self._worker = (jobs, thread)
-        jobs, thread = self._worker
-        done: queue.Queue = queue.Queue(maxsize=1)
-        jobs.put((fn, args, done))
-        try:
-            ok, value = done.get(timeout=self.timeout_s)
-        except queue.Empty:
-            # still running the stuck call: leave it (the next call gets a new thread), tell it to exit when the
-            # call returns, and interrupt the call if it is running Python code
-            self._worker = None
-            jobs.put(None)
-            _interrupt(thread)
-            raise RewardTimeout from None
-        if ok:
-            return value
-        raise value
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line of at most 200 characters."""
+    text = (str(e).splitlines() or [""])[0]
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _work(jobs: queue.Queue) -> None:
-    try:
-        while (job := jobs.get()) is not None:
-            fn, args, done = job
-            try:
-                done.put((True, fn(*args)))
-            except BaseException as e:  # noqa: BLE001 - handed back to the caller
-                done.put((False, e))
-    except BaseException:  # noqa: BLE001 - an interrupt that arrived after its call had ended: just exit
-        return
-
-
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise RewardTimeout in `thread` at its next Python instruction (CPython's PyThreadState_SetAsyncExc)."""
-    if thread.ident is not None and thread.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RewardTimeout))
+def excerpt(text: str, n: int = 40) -> str:
+    """The start of a prompt, quoted, for a message that names a row."""
+    return repr(text if len(text) <= n else text[:n - 3] + "...")
 
 
 class RewardStageFailing(PipelineInvalid, RuntimeError):
@@ -184,3 +118,10 @@ class FailureRate:
         return RewardStageFailing(source, [Problem(("stages", self.stage, "fn"), message, "reward-failing",
                                                    f"fix the reward function '{fn_ref}': it must return a finite "
                                                    f"number within {REWARD_TIMEOUT_S:g} s (try it on a few rows)")])
+
+
+def hang_error(source: str, stage: str, fn_ref: str, message: str, timeout_s: float) -> RewardStageFailing:
+    """Reward stage `stage` stops: its reward timed out TIMEOUTS_IN_A_ROW times in a row (`message` says where)."""
+    return RewardStageFailing(source, [Problem(("stages", stage, "fn"), message, "reward-hangs",
+                                               f"fix the reward function '{fn_ref}': it must return within "
+                                               f"{timeout_s:g} s (try it on that row)")])

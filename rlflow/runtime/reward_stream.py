@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -45,18 +46,19 @@ from rlflow.runtime.reward_call import (
     TIMEOUTS_IN_A_ROW,
     FailureRate,
     RewardTimeout,
-    TimedCall,
-    as_reward,
+    excerpt,
     filter_verdict,
-    reward_caller,
+    hang_error,
 )
+from rlflow.runtime.reward_process import RewardDied, RewardFailed, RewardProcess
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
 MAX_GROUPS_PER_PULL = 16  # the most groups one bundle (row) holds
 IN_FLIGHT_PER_ACTOR = 64  # groups pulled but not yet delivered, per reward actor (the back-pressure window)
 CLOSE_TIMEOUT_S = 10.0
-# Ray Data restarts a dead operator actor and retries its batch forever by default, so a reward that kills its
-# process on some group would hang the run: a few restarts survive a lost worker, then the stream fails.
+# Ray Data restarts a dead operator actor and retries its batch forever by default. A reward that kills its
+# process kills only the Score actor's child (reward_process.py), but the actor itself can still be lost (its
+# node, the OOM killer): a few restarts survive that, then the stream fails.
 # Passed as map_batches(**ray_remote_args), the way Ray 2.60 documents; deprecated for 2.64 (Ray is pinned).
 RESTARTS = {"max_restarts": 2, "max_task_retries": 2}
 SPAN = ("v_min", "v_max")  # each member's version span, from the store to the driver's ledger (passed through)
@@ -121,51 +123,58 @@ def _each_group(bundles: pa.Table):
 
 
 class Score:
-    """Ray Data actor: reward per trajectory; a raising reward marks that trajectory failed, not the stream."""
+    """Ray Data actor: reward per trajectory, each call in this actor's child process (reward_process.py); a
+    failing call marks that trajectory failed, not the stream. A group carries `stage_error` ("" or why the stage
+    must stop: TIMEOUTS_IN_A_ROW timeouts in a row), which StreamRunner turns into the stage's error."""
 
     def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S):
-        self.fn_ref, self.call = fn_ref, reward_caller(registry.resolve("reward", fn_ref))
-        self.timeout_s, self.timed = timeout_s, TimedCall(timeout_s)
-        self.timeouts_in_row = 0
+        self.fn_ref, self.timeout_s = fn_ref, timeout_s
+        self.process = RewardProcess(fn_ref, timeout_s)
+        self.timeouts_in_row = 0  # across bundles: a hang on every row stops the stage in a few timeouts
+        self.hung = ""  # why this stage must stop, once TIMEOUTS_IN_A_ROW calls in a row timed out
 
     def __call__(self, bundles: pa.Table) -> pa.Table:
-        self.timeouts_in_row = 0  # each bundle calls the reward again
         scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
         return pa.Table.from_pydict({"groups": scored})
 
     def score(self, g: dict) -> dict:
         row, rewards, errors = json.loads(g["row"]), [], []
-        for completion in g["completion"]:
-            reward, error = self.score_one(str(completion), g["answer"], g["prompt"], row)
+        for tid, completion in zip(g["traj_id"], g["completion"], strict=True):
+            reward, error = self.score_one(str(completion), g["answer"], g["prompt"], row,
+                                           where=f"trajectory {tid} of task '{g['task']}' (prompt {excerpt(g['prompt'])})")
             rewards.append(reward)
             errors.append(error)
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], "reward": rewards,
-                "reward_error": errors, **{k: g[k] for k in SPAN if k in g}}
+                "reward_error": errors, "stage_error": self.hung, **{k: g[k] for k in SPAN if k in g}}
 
-
-    def score_one(self, completion: str, answer: str, prompt: str, row: dict) -> tuple[float, str]:
-        """(reward, "") or (nan, why it failed): raised, not a finite number, or timed out."""
-        if self.timeouts_in_row >= TIMEOUTS_IN_A_ROW:
+    def score_one(self, completion: str, answer: str, prompt: str, row: dict, where: str = "a row") -> tuple[float, str]:
+        """(reward, "") or (nan, why it failed): raised, not a finite number, timed out, or killed its process
+        twice on this row (`where` names the row in the message)."""
+        if self.hung:
             return float("nan"), (f"{self.fn_ref} not called: its last {self.timeouts_in_row} calls timed out "
                                   f"after {self.timeout_s:g} s")
         try:
-            value = self.timed(self.call, completion, answer, prompt, row)
+            try:
+                value = self.process.call(completion, answer, prompt, row)
+            except RewardDied:  # once may be the OOM killer or a kill from outside: a new process, the same row
+                value = self.process.call(completion, answer, prompt, row)
         except RewardTimeout:
             self.timeouts_in_row += 1
+            if self.timeouts_in_row >= TIMEOUTS_IN_A_ROW:
+                self.hung = (f"{self.fn_ref} timed out on {self.timeouts_in_row} calls in a row ({self.timeout_s:g} s "
+                             f"each; the last on {where})")
             return float("nan"), f"{self.fn_ref} timed out after {self.timeout_s:g} s"
-        except Exception as e:  # noqa: BLE001 - user code: contain the failure to this trajectory
+        except RewardDied as e:
             self.timeouts_in_row = 0
-            return float("nan"), f"{self.fn_ref} raised {type(e).__name__}: {_first_line(e)}"
-        self.timeouts_in_row = 0
-        try:
-            return as_reward(value), ""
-        except ValueError as e:
+            why = (f"{self.fn_ref} killed its process ({e.how}) on {where}, twice; this trajectory fails, the "
+                   "stage goes on")
+            print(f"rlflow: reward {why}", file=sys.stderr, flush=True)  # the actor's log
+            return float("nan"), why
+        except RewardFailed as e:
+            self.timeouts_in_row = 0
             return float("nan"), f"{self.fn_ref} {e}"
-
-
-def _first_line(e: Exception) -> str:
-    text = (str(e).splitlines() or [""])[0]
-    return text if len(text) <= 200 else text[:197] + "..."
+        self.timeouts_in_row = 0
+        return value, ""
 
 
 class FilterGroups:
@@ -202,6 +211,7 @@ class StreamRunner:
                  source: str = "the pipeline", resources: dict | None = None, reward_timeout_s: float = REWARD_TIMEOUT_S):
         quiet_ray_data()  # the run prints its own progress
         self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
+        self.reward_timeout_s = reward_timeout_s
         self.failures = FailureRate(stage)
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -227,6 +237,11 @@ class StreamRunner:
         try:  # batch_size=None, prefetch_batches=0: each bundle as soon as it exists (PLATFORM-NOTES 3)
             for bundles in self.dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"):
                 batch = per_trajectory(bundles)
+                hung = next((g["stage_error"] for g in _each_group(bundles) if g.get("stage_error")), "")
+                if hung and not self._closing.is_set():
+                    out.put(("error", self.stage, hang_error(self.source, self.stage, self.reward_fn, hung,
+                                                              self.reward_timeout_s)))
+                    return
                 if batch["traj_id"]:
                     out.put(("rewarded", self.stage, batch))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back

@@ -41,3 +41,46 @@ def dies_once(completion: str, answer: str, row: dict) -> float:
             f.write(row["prompt"])  # the prompt it was scoring when it died
         os.kill(os.getpid(), signal.SIGKILL)
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def exits_on(completion: str, answer: str, row: dict) -> float:
+    """exact_match, but the process exits at once (os._exit(1)) on a row with row["poison"]: a poison row that kills
+    its reward worker every time it is scored."""
+    import os
+
+    if row.get("poison"):
+        os._exit(1)
+    return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def hangs_on(completion: str, answer: str, row: dict) -> float:
+    """exact_match, but never returns on a row with row["hang"] (a call stuck on a dead service); records its
+    process id in row["pidfile"] when given."""
+    import os
+    import time
+
+    if row.get("pidfile"):
+        with open(row["pidfile"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+    while row.get("hang"):
+        time.sleep(1)
+    return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def spins(completion: str, answer: str) -> float:
+    """Never returns, busy in a Python loop (a reward stuck in its own code)."""
+    while True:
+        pass
+
+
+def as_number(completion: str, answer: str):
+    """float(completion), printing it first (a reward that prints must not break its channel); raises on text."""
+    print(f"scoring {completion!r}")
+    return float(completion)
+
+
+def returns(completion: str, answer: str):
+    """Returns the Python literal written in the completion (non-numbers, nan, inf, ...)."""
+    import ast
+
+    return float(completion[6:]) if completion.startswith("float:") else ast.literal_eval(completion)

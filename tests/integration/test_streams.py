@@ -266,8 +266,14 @@ def test_stream_ended_early_reports_its_stage(ray_cluster):
     assert stage == "grade" and "reward stream 'grade'" in message and "not closed" in message
 
 
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_killed_reward_worker_is_survived_without_loss(ray_cluster, tmp_path):
-    """Ray Data restarts a killed reward actor and retries its batch: every trajectory arrives exactly once."""
+    """Ray Data restarts a killed reward actor (the Score actor, parent of the process the reward runs in) and
+    retries its batch: every trajectory arrives exactly once."""
     pidfile = str(tmp_path / "pids")
     with stream("test_streams:pid_reward") as (store, _, out):
         put_group(store, "warm", ["a"], pidfile=pidfile)
@@ -275,7 +281,7 @@ def test_killed_reward_worker_is_survived_without_loss(ray_cluster, tmp_path):
         for k in range(3):
             put_group(store, f"slow{k}", ["a", "b"], pidfile=pidfile, sleep=0.5)
         time.sleep(1.0)  # the actor is inside the slow groups now
-        victim = pids(pidfile)[-1]
+        victim = parent_of(pids(pidfile)[-1])
         os.kill(victim, signal.SIGKILL)
         for k in range(3):
             put_group(store, f"after{k}", ["a", "b"], pidfile=pidfile)
@@ -298,8 +304,42 @@ def test_killed_source_worker_is_reported(ray_cluster):
     assert time.monotonic() - t0 < HANG_GUARD_S
 
 
-def test_reward_that_keeps_killing_its_worker_is_reported(ray_cluster, tmp_path):
+def test_a_row_that_kills_its_reward_process_fails_only_its_trajectory(ray_cluster, tmp_path):
+    """os._exit in the reward on one row: that trajectory fails by name (the reward's process was replaced, the
+    row tried once more), the actor lives and Ray Data replays nothing."""
+    pidfile = str(tmp_path / "pids")
     with stream("test_streams:pid_reward") as (store, _, out):
-        put_group(store, "poison", ["a"], pidfile=str(tmp_path / "pids"), die=True)
+        put_group(store, "poison", ["a"], pidfile=pidfile, die=True)
+        put_group(store, "after", ["a", "b"], pidfile=pidfile)
+        got = collect(out, 3)
+    assert got["poison/0"]["reward_error"] == (
+        "test_streams:pid_reward killed its process (exit code 1) on trajectory poison/0 of task 'arith' (prompt "
+        "'1+1='), twice; this trajectory fails, the stage goes on")
+    assert got["after/0"]["reward"] == got["after/1"]["reward"] == 1.0
+    assert len({parent_of_or_none(p) for p in pids(pidfile)} - {None}) <= 1  # one Score actor throughout
+
+
+def parent_of_or_none(pid: int) -> int | None:
+    try:
+        return parent_of(pid)
+    except OSError:  # the dead ones
+        return None
+
+
+def test_a_reward_that_hangs_on_every_row_stops_its_stage_in_a_few_timeouts(ray_cluster, monkeypatch):
+    """Not minutes of timeouts (a window of 64 trajectories): TIMEOUTS_IN_A_ROW of them, naming the reward and the
+    row it hung on."""
+    from rlflow.runtime import reward_stream
+
+    monkeypatch.setattr(reward_stream, "REWARD_TIMEOUT_S", 1.0)
+    with stream("rewards_for_tests:hangs_on") as (store, _, out):
+        put_group(store, "warm", ["2"])
+        collect(out, 1)  # start-up is not part of the bound
+        t0 = time.monotonic()
+        for k in range(4):
+            put_group(store, f"stuck{k}", ["2", "2"], hang=True)
         stage, message = next_error(out)
-    assert stage == "score" and "reward stream 'score'" in message and "ActorDiedError" in message
+        took = time.monotonic() - t0
+    assert stage == "score" and message.startswith("rewards_for_tests:hangs_on timed out on 3 calls in a row (1 s each; "
+                                                   "the last on trajectory stuck1/0 of task 'arith' (prompt '1+1='))")
+    assert took < 20, took  # 3 timeouts of 1 s and their process restarts; generous

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import queue
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from rlflow.errors import PipelineInvalid
 from rlflow.runtime import reward_stream
-from rlflow.runtime.reward_call import (
-    FailureRate,
-    RewardStageFailing,
-    TimedCall,
-    as_reward,
-    reward_caller,
-)
+from rlflow.runtime.reward_call import FailureRate, RewardStageFailing, as_reward
 from rlflow.runtime.reward_stream import Score, StreamRunner
 
 
-def score_with(fn, timeout_s: float = 5.0, name: str = "mine:fn") -> Score:
-    score = Score("exact_match", timeout_s)
-    score.fn_ref, score.call = name, reward_caller(fn)
-    return score
+INTEGRATION = Path(__file__).resolve().parents[1] / "integration"  # rewards_for_tests.py, imported by the child
+
+
+@pytest.fixture(autouse=True)
+def rewards_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(INTEGRATION))  # the reward's child process inherits sys.path
+
+
+def score_with(name: str, timeout_s: float = 10.0) -> Score:
+    return Score(f"rewards_for_tests:{name}", timeout_s)
 
 
 @pytest.mark.parametrize("value, expected", [(1, 1.0), (0.25, 0.25), (True, 1.0), (False, 0.0), (-2, -2.0)])
@@ -55,113 +59,121 @@ def test_non_numbers_are_not_rewards(value, message):
         as_reward(value)
 
 
-@pytest.mark.parametrize("fn, error", [
-    (lambda c, a: "yes", "mine:fn returned 'yes' (str), not a number"),
-    (lambda c, a: None, "mine:fn returned None (NoneType), not a number"),
-    (lambda c, a: float("nan"), "mine:fn returned nan, not a finite number"),
-    (lambda c, a: 1 / 0, "mine:fn raised ZeroDivisionError: division by zero"),
+@pytest.mark.parametrize("fn, completion, error", [
+    ("returns", "'yes'", "rewards_for_tests:returns returned 'yes' (str), not a number"),
+    ("returns", "None", "rewards_for_tests:returns returned None (NoneType), not a number"),
+    ("returns", "float:nan", "rewards_for_tests:returns returned nan, not a finite number"),
+    ("as_number", "boom", "rewards_for_tests:as_number raised ValueError: could not convert string to float: 'boom'"),
 ])
-def test_a_bad_result_fails_the_trajectory(fn, error):
-    reward, why = score_with(fn).score_one("2", "2", "1+1=", {})
+def test_a_bad_result_fails_the_trajectory(fn, completion, error):
+    score = score_with(fn)
+    reward, why = score.score_one(completion, "2", "1+1=", {})
     assert math.isnan(reward) and why == error
+    assert score.process.spawned == 1  # a failing call does not cost its process
 
 
 def test_a_good_result_scores():
-    assert score_with(lambda c, a: c == a).score_one("2", "2", "1+1=", {}) == (1.0, "")
+    assert Score("exact_match").score_one("2", "2", "1+1=", {}) == (1.0, "")
+    assert score_with("returns").score_one("True", "2", "1+1=", {}) == (1.0, "")
 
 
 def test_score_marks_each_member():
     g = {"group_id": "g", "task": "main", "traj_id": ["g/0", "g/1"], "completion": ["2", "boom"], "answer": "2",
          "prompt": "1+1=", "row": "{}"}
-    out = score_with(lambda c, a: float(c)).score(g)
+    out = score_with("as_number").score(g)  # it prints too: the reward's stdout is not the channel
     assert out["reward"][0] == 2.0 and math.isnan(out["reward"][1])
-    assert out["reward_error"] == ["", "mine:fn raised ValueError: could not convert string to float: 'boom'"]
+    assert out["reward_error"] == ["", "rewards_for_tests:as_number raised ValueError: could not convert string to float: 'boom'"]
+    assert out["stage_error"] == ""
 
 
-def sleepy(completion, answer):
-    time.sleep(5)
-    return 1.0
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
-def spin(completion, answer):
-    while True:
-        pass
-
-
-@pytest.mark.parametrize("fn", [sleepy, spin])
-def test_a_slow_reward_times_out_on_the_main_thread(fn):
-    score = score_with(fn, timeout_s=0.2)
+def test_a_hanging_call_times_out_and_its_process_is_killed(tmp_path):
+    pidfile = str(tmp_path / "pids")
+    score = score_with("hangs_on", timeout_s=0.3)
+    assert score.score_one("2", "2", "1+1=", {"pidfile": pidfile}) == (1.0, "")
     t0 = time.monotonic()
-    reward, why = score.score_one("2", "2", "1+1=", {})
-    assert time.monotonic() - t0 < 2
-    assert math.isnan(reward) and why == "mine:fn timed out after 0.2 s"
-    assert score.timed(lambda: 3.0) == 3.0  # the alarm is disarmed afterwards
-    time.sleep(0.3)  # no stray alarm fires later
+    reward, why = score.score_one("2", "2", "1+1=", {"pidfile": pidfile, "hang": True})
+    assert time.monotonic() - t0 < 3  # the timeout and the kill, not the reward's sleep
+    assert math.isnan(reward) and why == "rewards_for_tests:hangs_on timed out after 0.3 s"
+    (stuck,) = set(pids(pidfile))
+    assert not alive(stuck)  # killed and reaped, not left sleeping
+    assert score.score_one("2", "2", "1+1=", {"pidfile": pidfile}) == (1.0, "")  # a new process
+    assert len(set(pids(pidfile))) == 2 and score.timeouts_in_row == 0
 
 
-def test_after_timeouts_in_a_row_the_rest_of_the_bundle_fails_at_once():
-    g = {"group_id": "g", "task": "main", "traj_id": [f"g/{i}" for i in range(6)], "completion": ["2"] * 6,
-         "answer": "2", "prompt": "1+1=", "row": "{}"}
-    score = score_with(sleepy, timeout_s=0.1)
-    bundles = pa.Table.from_pydict({"groups": [[g]]})
-    t0 = time.monotonic()
-    (out,) = score(bundles).column("groups").to_pylist()[0]
-    assert time.monotonic() - t0 < 1.5  # 3 calls of 0.1 s, not 6
-    assert out["reward_error"] == ["mine:fn timed out after 0.1 s"] * 3 + ["mine:fn not called: its last 3 calls timed out after 0.1 s"] * 3
-    score.call = reward_caller(lambda c, a: 1.0)
-    (out,) = score(bundles).column("groups").to_pylist()[0]  # the next bundle calls it again
-    assert out["reward"] == [1.0] * 6
-
-
-def test_a_slow_reward_times_out_off_the_main_thread():
-    score, result = score_with(sleepy, timeout_s=0.2), []
-
-    def worker():
-        result.append(score.score_one("2", "2", "1+1=", {}))
-        score.call = reward_caller(lambda c, a: 0.5)
-        result.append(score.score_one("2", "2", "1+1=", {}))  # a fresh worker thread: the stuck one is left
-
-    thread = threading.Thread(target=worker)
-    t0 = time.monotonic()
-    thread.start()
-    thread.join(5)
-    assert time.monotonic() - t0 < 2
-    assert math.isnan(result[0][0]) and result[0][1] == "mine:fn timed out after 0.2 s"
-    assert result[1] == (0.5, "")
-
-
-def reward_threads() -> list:
-    return [t for t in threading.enumerate() if t.name == "reward-call"]
-
-
-def test_a_spinning_reward_off_the_main_thread_is_interrupted():
-    """Ray Data runs the reward off the actor's main thread: a call stuck in a Python loop is not only
-    abandoned but stopped, so it does not keep a core busy."""
-    score, result = score_with(spin, timeout_s=0.2), []
-    before = len(reward_threads())
+def test_a_spinning_call_off_the_main_thread_is_stopped():
+    """Ray Data calls the reward off the actor's main thread: the timeout does not depend on SIGALRM, and a call
+    stuck in a Python loop does not keep a core busy afterwards (its process is gone)."""
+    score, result = score_with("spins", timeout_s=0.3), []
     thread = threading.Thread(target=lambda: result.append(score.score_one("2", "2", "1+1=", {})))
     thread.start()
-    thread.join(5)
-    assert result == [(pytest.approx(float("nan"), nan_ok=True), "mine:fn timed out after 0.2 s")]
-    deadline = time.monotonic() + 5
-    while len(reward_threads()) > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(reward_threads()) == before  # the spinning worker thread ended
+    thread.join(10)
+    assert result == [(pytest.approx(float("nan"), nan_ok=True), "rewards_for_tests:spins timed out after 0.3 s")]
+    assert score.process.proc is None and score.process.spawned == 1
 
 
-def test_timed_call_passes_exceptions_through_from_a_worker_thread():
-    timed, caught = TimedCall(1.0), []
+def hanging_group(gid: str, n: int, hang: bool = True) -> dict:
+    return {"group_id": gid, "task": "main", "traj_id": [f"{gid}/{i}" for i in range(n)], "completion": ["2"] * n,
+            "answer": "2", "prompt": "1+1=", "row": json.dumps({"hang": hang})}
 
-    def worker():
-        try:
-            timed(lambda: 1 / 0)
-        except ZeroDivisionError as e:
-            caught.append(e)
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join(5)
-    assert len(caught) == 1
+def score_bundle(score: Score, *groups) -> list[dict]:
+    return score(pa.Table.from_pydict({"groups": [list(groups)]})).column("groups").to_pylist()[0]
+
+
+def test_timeouts_in_a_row_across_bundles_stop_the_stage():
+    score = score_with("hangs_on", timeout_s=0.2)
+    (first,) = score_bundle(score, hanging_group("a", 2))
+    assert first["stage_error"] == "" and first["reward_error"] == ["rewards_for_tests:hangs_on timed out after 0.2 s"] * 2
+    t0 = time.monotonic()
+    (second,) = score_bundle(score, hanging_group("b", 4))  # the third timeout in a row, in the next bundle
+    assert time.monotonic() - t0 < 3  # one more timeout, then the rest fail at once
+    assert second["reward_error"] == (["rewards_for_tests:hangs_on timed out after 0.2 s"]
+                                      + ["rewards_for_tests:hangs_on not called: its last 3 calls timed out after 0.2 s"] * 3)
+    assert second["stage_error"] == ("rewards_for_tests:hangs_on timed out on 3 calls in a row (0.2 s each; the last on "
+                                     "trajectory b/0 of task 'main' (prompt '1+1='))")
+
+
+def test_a_single_hanging_row_fails_only_its_trajectories():
+    score = score_with("hangs_on", timeout_s=0.2)
+    out = score_bundle(score, *[hanging_group(f"g{i}", 2, hang=i % 2 == 0) for i in range(4)])
+    assert [g["reward"][0] == 1.0 for g in out] == [False, True, False, True]
+    assert all(g["stage_error"] == "" for g in out)  # 2 timeouts, then a success: never 3 in a row
+
+
+def test_a_row_that_kills_its_process_fails_only_its_trajectories():
+    """A poison row (os._exit in the reward) fails its trajectories by name, after one retry in a new process;
+    the actor, and the rows after it, go on."""
+    score = score_with("exits_on")
+    poison = {**hanging_group("p", 2), "row": json.dumps({"poison": True})}
+    out = score_bundle(score, poison, hanging_group("ok", 2, hang=False))
+    assert out[0]["reward_error"] == [
+        f"rewards_for_tests:exits_on killed its process (exit code 1) on trajectory p/{i} of task 'main' (prompt "
+        "'1+1='), twice; this trajectory fails, the stage goes on" for i in range(2)]
+    assert out[1]["reward"] == [1.0, 1.0] and out[1]["reward_error"] == ["", ""]
+    assert score.process.spawned == 5  # per poison trajectory: its process and one retry; then one for the rest
+
+
+def test_a_process_killed_from_outside_once_costs_nothing(tmp_path):
+    """One death is retried on a new process (the OOM killer, a kill): the row still scores."""
+    pidfile = str(tmp_path / "pids")
+    score = score_with("hangs_on")
+    assert score.score_one("2", "2", "1+1=", {"pidfile": pidfile}) == (1.0, "")
+    os.kill(score.process.proc.pid, signal.SIGKILL)
+    assert score.score_one("2", "2", "1+1=", {"pidfile": pidfile}) == (1.0, "")
+    assert score.process.spawned == 2
+
+
+def pids(path: str) -> list[int]:
+    with open(path) as f:
+        return [int(p) for p in f.read().split()]
 
 
 # ------------------------------------------------------------------------------------------ failure rate
@@ -225,6 +237,7 @@ def stream_over(bundles) -> queue.Queue:
     rs = StreamRunner.__new__(StreamRunner)
     rs.store, rs.stage, rs.reward_fn, rs.source = FakeStore(), "score", "mine:fn", "p.yaml"
     rs.failures, rs._closing, rs.dataset = FailureRate("score"), threading.Event(), FakeDataset(bundles)
+    rs.reward_timeout_s = 0.2
     out: queue.Queue = queue.Queue()
     rs._run(out)
     return out
@@ -243,6 +256,20 @@ def test_stream_stops_its_stage_when_most_trajectories_fail():
     _tag, stage, err = events[-1]
     assert stage == "score" and isinstance(err, RuntimeError)
     assert str(err).startswith("64 of the last 64 trajectories failed (last: mine:fn raised ValueError: no); ")
+
+
+def test_stream_stops_its_stage_at_once_when_a_score_actor_hung():
+    hung = bundle(1, True)
+    groups = hung.column("groups").to_pylist()[0]
+    groups[0]["stage_error"] = "mine:fn timed out on 3 calls in a row (0.2 s each; the last on trajectory g0/3 ...)"
+    events = drain(stream_over([bundle(2, False, 5), pa.Table.from_pydict({"groups": [groups]})]))
+    assert [e[0] for e in events] == ["rewarded", "error"]
+    err = events[-1][2]
+    assert isinstance(err, RewardStageFailing) and isinstance(err, RuntimeError)
+    (p,) = err.problems
+    assert (p.loc, p.rule) == (("stages", "score", "fn"), "reward-hangs")
+    assert str(err) == (f"{groups[0]['stage_error']}; fix the reward function 'mine:fn': it must return within 0.2 s "
+                        "(try it on that row)")
 
 
 def test_stream_with_some_failures_goes_on():
