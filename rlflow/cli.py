@@ -168,7 +168,14 @@ def _run(args) -> int:
 
     summary = launch(plan, resume=args.resume or False, address=args.address)
     print(json.dumps(summary, indent=2))
-    return EXIT_OK if not summary.get("stopped") else 130
+    if not summary.get("stopped"):
+        return EXIT_OK
+    import signal
+
+    from rlflow.runtime.stop_signal import exit_code
+
+    # stopped by a signal, checkpoint saved: 128 + its number, as a shell reports a process it ended (130, 143)
+    return exit_code(signal.Signals[summary.get("stopped_by") or "SIGINT"])
 
 
 def _scale(args) -> int:
@@ -444,9 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineInvalid as e:
         print(e.render(), file=sys.stderr)
         return EXIT_INVALID
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # a second Ctrl-C (or SIGTERM) while stopping: no checkpoint
         print("interrupted", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)
     except RunFailed as e:  # the run stopped for a reason it names (stall, dead trainer, failed stream)
         print(f"run stopped: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE

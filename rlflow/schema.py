@@ -375,6 +375,15 @@ class TrainStage(Strict):
     """Save a DeepSpeed checkpoint every N steps, to resume from after a crash (0: only at the end and on Ctrl-C)."""
     stall_factor: Annotated[float, Field(ge=2, le=1000)] = 20
     """Stop the run (with a checkpoint) when nothing happens for this many times its mean step time (at least 120 s)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A train step whose loss or gradient is NaN or inf is never applied nor published. stop: the run stops (exit 3)
+    with a checkpoint of the weights before it; skip: the batch is dropped (counted as nonfinite_steps) and the run
+    goes on. Either way, an update that makes the weights themselves non-finite (a learning rate far too large)
+    stops the run without saving them: resume from the last checkpoint."""
+    no_progress_groups: PositiveInt | None = None
+    """Stop the run (exit 3, with a checkpoint) when this many scored groups were filtered out, or had every reward
+    fail, since the last train step: a run that is busy but trains nothing (e.g. a policy that never earns a reward
+    under drop_uniform_groups). Default: 50 x the batch's groups, so a filter keeping 1 group in 25 still trains."""
     replicas: PositiveInt = 1
     """Data-parallel trainer ranks: one DeepSpeed process group (gloo on CPU, NCCL on GPU), the batch split by tokens, ZeRO shards across them."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0

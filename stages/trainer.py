@@ -405,16 +405,25 @@ class DeepSpeedTrainer:
             if mb.mask.sum() > 0:
                 weight_max = max(weight_max, stats["importance_weight_max"])
         grad_norm = self._grad_norm_stage0() if self.engine.zero_optimization_stage() == 0 else None
+        # a non-finite gradient is not applied: ZeRO 1-3 skip the step themselves (their overflow check, fp32 and
+        # bf16 alike); without ZeRO the plain torch optimizer would apply it (and poison its moments), so it is held
+        # here. The norm is taken after the all-reduce, so every rank decides alike.
+        held = grad_norm is not None and not math.isfinite(grad_norm)
         if self.lr_schedule and self.engine.lr_scheduler is None:
             for group in self.engine.optimizer.param_groups:
                 group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
         lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
-        self.engine.step()
+        with _held(self.engine.optimizer) if held else contextlib.nullcontext():
+            self.engine.step()  # its bookkeeping (step count, zeroed gradients) runs either way
         self.version += 1
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()  # ZeRO 1-3 optimizers record the pre-clip norm
+        applied = not held and self.engine.was_step_applied()
         return {
             **sums,
+            # "": finite; "skipped": a non-finite loss or gradient, not applied (the weights are as before);
+            # "poisoned": the update made the weights non-finite (e.g. a learning rate too large)
+            "nonfinite": nonfinite_verdict(sums["loss"], grad_norm, applied, self._weights_finite()),
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "importance_weight_max": weight_max,
             "reward_mean": shard.reward_mean,
@@ -424,6 +433,11 @@ class DeepSpeedTrainer:
             "version": self.version,
             "lr": lr,
         }
+
+    def _weights_finite(self) -> bool:
+        """Whether every weight this rank holds is finite (under ZeRO-3 its partition: each rank checks its own)."""
+        with torch.no_grad():
+            return all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in self.engine.module.parameters())
 
     def _grad_norm_stage0(self) -> float:
         """Pre-clip global grad norm; without ZeRO the plain torch optimizer does not record it."""
@@ -496,3 +510,26 @@ def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
     wrong = {g: n for g, n in counts.items() if n > group_size}
     if wrong:
         raise ValueError(f"groups may have at most group_size={group_size} members; got {wrong}")
+@contextlib.contextmanager
+def _held(optimizer):
+    """The optimizer's step does nothing inside: weights and moments stay as they are (not even Adam's decay of
+    its moments by a zero gradient, which would still move the weights)."""
+    optimizer.step = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del optimizer.step
+
+
+def nonfinite_verdict(loss: float, grad_norm: float | None, applied: bool, weights_finite: bool) -> str:
+    """One rank's step: "" (finite), "skipped" (a non-finite loss or gradient, not applied) or "poisoned" (the
+    weights are not finite after it: never publish or checkpoint them)."""
+    if not weights_finite:
+        return "poisoned"
+    finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
+    return "" if finite and applied else "skipped"
+
+
+NONFINITE_ORDER = ("", "skipped", "poisoned")
+
+

@@ -34,8 +34,9 @@ from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.run_clock import RunClock
+from rlflow.runtime.stop_signal import Grace, StoppedAgain
 from rlflow.runtime.train_sink import TrainSink
-from rlflow.runtime.watchdog import STALL_FACTOR, RunStalled, Watchdog
+from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, STALL_FACTOR, ProgressCheck, RunStalled, Watchdog
 from rlflow.runtime.weight_sync import WeightSync
 
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
@@ -56,6 +57,8 @@ class Run:
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = dict(plan["control"]["staleness"])
         self.stop_requested = False
+        self.stop_signal: int | None = None  # the signal that stopped the run (rlflow run exits 128 + it)
+        self.grace: Grace | None = None  # after SIGTERM: the bound on the stop (stop_signal.py)
         self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
         self.step = 0
         self.counts: dict = {}
@@ -185,6 +188,9 @@ class Run:
         self.metrics.start(sum(f.instance_s() for f in self.fleets))
         trainer = next(a for a in self.plan["actors"] if a["role"] == "trainer")
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
+        self.on_nonfinite = trainer.get("on_nonfinite", "stop")
+        self.progress = ProgressCheck(trainer.get("no_progress_groups") or NO_PROGRESS_BATCHES * self.control["batch_size"],
+                                      {op["after"]: op["fn"] for op in self.plan["data_operators"] if op["kind"] == "filter"})
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()
@@ -208,7 +214,11 @@ class Run:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self._shutdown(status)
+            try:
+                self._shutdown(status)
+            finally:
+                if self.grace is not None:
+                    self.grace.cancel()
         return self.metrics.history
 
     def _next_event(self):
@@ -248,6 +258,7 @@ class Run:
         tag, payload = event[0], event[1:]
         if tag == "rewarded":
             self._on_rewarded(*payload)
+            self.progress.scored_batch(*payload)  # busy but training nothing stops the run (NoProgress)
         elif tag == "error":
             stage, err = payload
             raise RunFailed(f"reward stage '{stage}' failed: {err}; {RESUME_HINT}")
@@ -264,7 +275,7 @@ class Run:
                 self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
                 raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
                                 f"{RESUME_HINT}") from None
-            self._finish_step(trained)
+            self._on_trained(trained)
         self.ledger.flush()
 
     def _on_rewarded(self, stage: str, batch: dict) -> None:
@@ -280,9 +291,33 @@ class Run:
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
         self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, groups, staleness, lengths), self._submit)
 
+    def _on_trained(self, trained: dict) -> None:
+        """A train step's result: finish it, unless its loss, gradient or update was not finite (trainer.py
+        nonfinite_verdict): poisoned weights stop the run unsaved (the last checkpoint stays the good one); a
+        skipped step (nothing applied) stops it, checkpointed, or goes on with train.on_nonfinite skip."""
+        verdict = trained.get("nonfinite", "")
+        if verdict:
+            self.counts["nonfinite_steps"] = self.counts.get("nonfinite_steps", 0) + 1
+            what = (f"train step {self.step + 1} was not finite (loss {trained.get('loss', float('nan')):g}, "
+                    f"grad norm {trained.get('grad_norm', float('nan')):g}, lr {trained.get('lr', float('nan')):g})")
+            last = (f"the last checkpoint (step {self.saved_step}) is the one to resume from" if self.saved_step is not None
+                    else "rlflow run --resume continues from the last checkpoint saved, if any")
+        if verdict == "poisoned":
+            self.sink.ref, self.trainer_dead = None, True  # its weights are not finite: never saved nor published
+            raise RunFailed(f"{what}: the update made the weights non-finite, so they were neither published nor "
+                            f"saved; lower the train stage's lr (or add gradient_clipping to the DeepSpeed config); {last}")
+        self._finish_step(trained)
+        if verdict == "skipped":
+            self.log(f"{what}: not applied (the weights are as before)")
+            if self.on_nonfinite == "stop":
+                raise RunFailed(f"{what}: it was not applied, and the run stops with a checkpoint of the weights before "
+                                "it (train.on_nonfinite: stop). Look for a reward or advantage that is NaN or inf, lower "
+                                "lr, or set stages.<train>.on_nonfinite: skip to drop such batches and go on")
+
     def _finish_step(self, trained: dict) -> None:
         self.sink.ref = None
         self.step += 1
+        self.progress.trained()
         self.weights.refresh()
         now = time.monotonic()
         wall = max(now - self.last_step_t, 1e-9)
@@ -327,11 +362,21 @@ class Run:
 
     def _on_stop_signal(self, signum, _frame):
         if self.stop_requested:
-            raise KeyboardInterrupt
+            raise StoppedAgain(signum)
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         self.log(f"\nstopping on {name}: finishing the current step and saving a checkpoint ({name} again to quit at "
                  "once); rlflow run --resume continues")
-        self.stop_requested = True
+        self.stop_requested, self.stop_signal = True, signum
+        if signum == signal.SIGTERM:  # nobody at a terminal to press it again: the stop itself is bounded
+            self.grace = Grace(signum, self._stop_waiting_for, self.log)
+
+    def _stop_waiting_for(self) -> str:
+        if self.sink.ref is not None:
+            return f"train step {self.step + 1} to finish, before the checkpoint"
+        if self.saved_step != self.step:
+            return f"the checkpoint of step {self.step}" + (f" (the last saved: step {self.saved_step})"
+                                                            if self.saved_step is not None else "")
+        return f"the export of step {self.step} (its checkpoint is saved)"
 
     # ------------------------------------------------------------------ checkpoint / resume / shutdown
     def _checkpoint(self) -> None:

@@ -5,7 +5,8 @@ short random suffix, e.g. 20261123-041502-7f3a), holding its checkpoint, its sta
 started it). Two runs of one pipeline in one working directory never share one. `--resume` continues a
 run in its own directory: by default the newest run of the pipeline that has a checkpoint, or the one named
 by run id or path. Inputs that may have changed since compile (the model directory, the DeepSpeed config) are
-checked before Ray starts, so a bad one exits 2 at once.
+checked before Ray starts, so a bad one exits 2 at once. A run owns its directory while it runs (run_lock.py): a
+second `--resume` of it is refused before Ray starts, exit 2, naming the process that holds it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import json
 import math
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.placement import check_cluster, embedded_resources
+from rlflow.runtime import run_lock
 
 RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
@@ -236,11 +240,19 @@ def check_local_gpus(plan: dict) -> None:
 def launch(plan: dict, *, resume: bool | str = False, address: str | None = None, log=print,
            root: Path = RUNS_DIR) -> dict:
     """Run the plan to completion (or Ctrl-C); returns the run summary. `resume`: False (a new run), True or
-    LATEST (the newest run of this pipeline with a checkpoint), or a run id / run directory."""
+    LATEST (the newest run of this pipeline with a checkpoint), or a run id / run directory. The run directory is
+    this process's own (run_lock.py) until the run ends, however it ends."""
     from rlflow.runtime.run_clock import RunClock
 
     clock = RunClock()  # the start-up timeline counts from here (run_clock.py)
     run_dir = find_run(plan, LATEST if resume is True else resume, root, log=log) if resume else None
+    with ExitStack() as owned:
+        if run_dir is not None:  # before anything starts: a run in use is refused at no cost
+            owned.enter_context(run_lock.acquire(run_dir, source=plan["source"], log=log))
+        return _launch(plan, clock, run_dir, owned, resume=resume, address=address, log=log, root=root)
+
+
+def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume, address, log, root) -> dict:
     preflight(plan)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -289,6 +301,8 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     try:  # a cluster that cannot place the plan's stages fails here, before a run directory exists
         check_cluster(plan, ray.nodes(), f"the Ray cluster at {address}" if address else "the embedded Ray cluster")
         out_dir = run_dir or new_run_dir(plan, root)
+        if run_dir is None:  # a fresh directory has no checkpoint: no --resume can have taken it since its mkdir
+            owned.enter_context(run_lock.acquire(out_dir, source=plan["source"], log=log))
         log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
         run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log, clock=clock)
     except BaseException:
@@ -298,6 +312,7 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     try:
         run.run()
         summary = run.summary() | {"stopped": run.stop_requested, "run_dir": str(out_dir),
+                                   "stopped_by": signal.Signals(run.stop_signal).name if run.stop_signal else None,
                                    "checkpoint": str(out_dir / "checkpoint")}
     finally:
         if started:

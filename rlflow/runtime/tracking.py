@@ -19,6 +19,32 @@ def _flatten(d, prefix=""):
     return out
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def store_lock(uri: str):
+    """Held while a process first opens the MLflow store at `uri`: two runs starting side by side in a new
+    directory both create and migrate the same sqlite file (the second failed with "duplicate column" on MLflow's
+    ALTER TABLE), and both create the same experiment. A lock file beside the database serialises them."""
+    from contextlib import nullcontext
+
+    from rlflow.runtime.run_lock import serialised
+
+    db = sqlite_path(uri)
+    if db is None:  # a tracking server serialises its own store
+        return nullcontext()
+    return serialised(db.with_name(db.name + ".lock"), what=f"creating the MLflow store {db}",
+                      timeout_s=STORE_LOCK_TIMEOUT_S)
+
+
+STORE_LOCK_TIMEOUT_S = 120.0  # creating and migrating a fresh store takes a few seconds on 2 busy cores
+
+
 class Tracker:
     """Thin wrapper so the driver logs through one object; metrics are buffered and sent with log_batch."""
 
@@ -30,7 +56,8 @@ class Tracker:
         uri = spec["uri"] or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         mlflow.set_tracking_uri(uri)
         self.uri = uri
-        mlflow.set_experiment(spec["experiment"] or plan["name"])
+        with store_lock(uri):  # the first use creates (or migrates) the store and the experiment
+            mlflow.set_experiment(spec["experiment"] or plan["name"])
         run = mlflow.start_run(run_id=run_id, run_name=spec["run_name"]) if run_id else mlflow.start_run(run_name=spec["run_name"])
         self.run_id = run.info.run_id
         self.client = mlflow.tracking.MlflowClient()

@@ -145,7 +145,7 @@ class TrainerWorker:
     def train(self, traj_ids: list[str], rewards: dict[str, float], group_size: int, version: int) -> dict:
         """One step on the consumed groups (rank 0: all ranks train their shard); publishes version + 1."""
         from rlflow.stages.batch_shards import merge_rank_metrics, shard_batch
-        from rlflow.stages.trainer import check_batch
+        from rlflow.stages.trainer import NONFINITE_ORDER, check_batch
         from rlflow.stages.trajectory import Trajectory
 
         rows = ray.get(self.store.take.remote(traj_ids), timeout=RANK_CALL_TIMEOUT_S)
@@ -156,9 +156,12 @@ class TrainerWorker:
             trajectories.append(t)
         check_batch(trajectories, group_size)
         shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size, self.trainer.micro_batch_tokens)
-        metrics = merge_rank_metrics(self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
-                                               peer_args=[(shard,) for shard in shards[1:]]))
-        metrics["sync_s"] = self.publish(version + 1)
+        per_rank = self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
+                             peer_args=[(shard,) for shard in shards[1:]])
+        metrics = merge_rank_metrics(per_rank)
+        metrics["nonfinite"] = max((m["nonfinite"] for m in per_rank), key=NONFINITE_ORDER.index)
+        # poisoned weights are never published (the driver stops without saving them); a skipped step's are as before
+        metrics["sync_s"] = self.publish(version + 1) if metrics["nonfinite"] != "poisoned" else 0.0
         metrics["ranks"] = self.world_size
         return metrics
 

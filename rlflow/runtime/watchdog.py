@@ -5,6 +5,11 @@ time (the plan's trainer `stall_factor`, STALL_FACTOR by default; at least STALL
 seen a step finish (engine start-up and the first batch, also after a resume) the limit is STALL_FIRST_S. The
 mean is taken over the steps finished so far, up to the last one, so a stall does not stretch its own limit.
 The driver then saves a checkpoint if the trainer is alive and stops.
+
+A run can also be busy and still learn nothing: every scored group filtered (a policy that never earns a reward
+under drop_uniform_groups) or every reward failing feeds the watchdog above forever. `NoProgress` counts the groups
+scored since the last TRAINED step that can never be trained (filtered, or every reward failed) and stops the run
+once there are `limit` of them (the train stage's `no_progress_groups`), saying what was scored and what to do.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from collections.abc import Callable
 from rlflow.errors import RunFailed
 
 STALL_FACTOR, STALL_MIN_S, STALL_FIRST_S = 20.0, 120.0, 600.0
+#: no_progress_groups default, in batches: a filter keeping 1 group in 25 still trains a batch (after about 24
+#: batches' worth of filtered groups, on average) well before it
+NO_PROGRESS_BATCHES = 50
 
 
 class RunStalled(RunFailed):
@@ -58,3 +66,56 @@ class Watchdog:
         limit, why = self._limit()
         if time.monotonic() - self.last_event_t > limit:
             raise RunStalled(f"nothing happened for {limit:.0f} s ({why}); waiting for: {waiting_for()}")
+
+
+class NoProgress(RunFailed):
+    """Scored groups keep coming, but none can be trained (filtered, or every reward failed)."""
+
+
+class ProgressCheck:
+    """Counts the untrainable groups scored since the last trained step; `scored` raises NoProgress at `limit`.
+    filters: {reward stage: its group filter}, to name the filter in the message."""
+
+    def __init__(self, limit: int, filters: dict[str, str]):
+        if limit < 1:
+            raise ValueError(f"no_progress_groups must be >= 1, got {limit}")
+        self.limit, self.filters = limit, filters
+        self.trained()
+
+    def trained(self) -> None:
+        """A train step finished: progress."""
+        self.scored_groups, self.filtered, self.failed = 0, {}, 0
+        self.rewards: dict[float, int] = {}  # reward value -> trajectories, of the untrainable groups
+
+    def scored_batch(self, stage: str, batch: dict) -> None:
+        """A reward stream's output (one row per trajectory, whole groups; columns group_id, reward, reward_error,
+        kept): a group none of whose members is kept without an error can never be trained (buffer.py rewarded)."""
+        groups: dict[str, list[tuple[float, bool, bool]]] = {}
+        for gid, r, err, kept in zip(*(batch[k] for k in ("group_id", "reward", "reward_error", "kept"))):
+            groups.setdefault(str(gid), []).append((float(r), bool(err), bool(kept)))
+        dead = [rows for rows in groups.values() if not any(kept and not err for _, err, kept in rows)]
+        failed = sum(all(err for _, err, _ in rows) for rows in dead)
+        self.scored(stage, len(groups), len(dead) - failed, failed, [r for rows in dead for r, err, _ in rows if not err])
+
+    def scored(self, stage: str, groups: int, filtered: int, failed: int, rewards: list[float]) -> None:
+        """`groups` scored by reward stage `stage`: `filtered` of them dropped by its filter, `failed` with every
+        reward failed; `rewards`: the rewards of those untrainable groups."""
+        self.scored_groups += groups
+        self.filtered[stage] = self.filtered.get(stage, 0) + filtered
+        self.failed += failed
+        for r in rewards:
+            self.rewards[r] = self.rewards.get(r, 0) + 1
+        if sum(self.filtered.values()) + self.failed >= self.limit:
+            raise NoProgress(self.message())
+
+    def message(self) -> str:
+        by = [f"{n} filtered by {self.filters.get(s) or 'its filter'} (reward stage '{s}')"
+              for s, n in sorted(self.filtered.items()) if n]
+        if self.failed:
+            by.append(f"{self.failed} with every reward failed")
+        top = sorted(self.rewards.items(), key=lambda kv: -kv[1])[:5]
+        seen = ", ".join(f"{r:g} x{n}" for r, n in top) or "none scored"
+        return (f"no train step in {self.scored_groups} scored groups: {'; '.join(by)} (the train stage's "
+                f"no_progress_groups is {self.limit}); their rewards: {seen}. Check the reward on a few completions "
+                "(rlflow eval, or the reward function on rows of the data), turn the group filter off "
+                "(drop_uniform_groups keeps only groups whose rewards differ), or start from a model that can earn rewards")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from rlflow.cli import main
 from rlflow.errors import PipelineInvalid
-from rlflow.runtime import launch
+from rlflow.runtime import launch, run_lock
 from rlflow.runtime.launch import LATEST, find_run, list_runs, new_run_dir, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,10 +111,10 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     class FakeRun:
         def __init__(self, plan, *, out_dir, resume, log, clock=None):
             made.append((Path(out_dir), resume))
-            self.stop_requested = False
+            self.out_dir, self.stop_requested, self.stop_signal = Path(out_dir), False, None
 
-        def run(self):
-            pass
+        def run(self):  # the run directory is this process's own while it runs
+            assert run_lock.holder(self.out_dir)["pid"] == os.getpid()
 
         def summary(self):
             return {"steps": 0}
@@ -135,3 +136,12 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     resumed = launch.launch(plan, resume=True, log=said.append)
     assert made[-1] == (Path(first["run_dir"]), True) and resumed["run_dir"] == first["run_dir"]
     assert launch.launch(plan, resume=Path(first["run_dir"]).name, log=said.append)["run_dir"] == first["run_dir"]
+    assert run_lock.holder(Path(first["run_dir"])) is None  # released when the run ended
+
+    def fails(self):
+        raise RuntimeError("a run that fails")
+
+    monkeypatch.setattr(FakeRun, "run", fails)
+    with pytest.raises(RuntimeError, match="a run that fails"):
+        launch.launch(plan, resume=True, log=said.append)
+    assert run_lock.holder(Path(first["run_dir"])) is None  # also when it failed
