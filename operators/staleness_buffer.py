@@ -3,9 +3,10 @@
 Buffer V_buf trains when the model goes from V_buf to V_buf + 1; an entry (a group id and its V_traj) may
 sit in it only if V_traj + eta >= V_buf. Live buffers are V_buf = version .. version + eta: consumed ones
 are gone, and no admissible V_traj (<= version) reaches further. Each buffer keeps its occupied entries and
-its reserved ones bucketed by V_traj (at most eta + 1 keys): verify and reserve scan at most eta + 1 buffers;
-a move scans O(eta^2) and entries only move one way (reserved later, occupied earlier), so occupy, abort and
-filter are amortized O(eta^3); consume is O(B), it hands over the batch.
+its reserved ones bucketed by V_traj (at most eta + 1 keys): verify and reserve stop at the first buffer with
+space, at most one past the buffers that exist (never more than the groups in flight, however large eta is);
+a move walks the existing buffers, O(eta^2) at most, and entries only move one way (reserved later, occupied
+earlier), so occupy, abort and filter are amortized O(eta^3); consume is O(B), it hands over the batch.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class StaleFlowManager(StalenessPolicy):
         if buf is None:
             buf = self._buffers[v_buf] = _Buffer(v_buf)
         return buf
+
+    def _live(self, lo: int, hi: int) -> list[int]:
+        """The versions of the buffers that exist in lo..hi, in order: scans walk these, never the range itself,
+        whose length is eta (a bound of 10^26 would spin the driver)."""
+        return sorted(v for v in self._buffers if lo <= v <= hi)
 
     def _has_space(self, v_buf: int) -> bool:
         """An empty entry that Reserve or Occupy may take.
@@ -221,9 +227,9 @@ class StaleFlowManager(StalenessPolicy):
     def _move_reserved_later(self, hole: int) -> int:
         """Figure 7 (right) steps 2-3: move the earliest movable reserved entry into the hole, repeat; returns the last hole."""
         while True:
-            for b in range(self.version, hole):
-                buf = self._buffers.get(b)
-                found = buf.movable(hole - self.eta) if buf is not None and buf.n_reserved else None
+            for b in self._live(self.version, hole - 1):
+                buf = self._buffers[b]
+                found = buf.movable(hole - self.eta) if buf.n_reserved else None
                 if found is not None:
                     break
             else:
@@ -243,8 +249,8 @@ class StaleFlowManager(StalenessPolicy):
         surplus: list[Entry] = []
         while True:
             hole = self._move_reserved_later(hole)  # the final hole always has space: it lost an entry
-            later = (self._buffers.get(b) for b in range(self.version + self.eta, hole, -1))
-            donor_buf = next((buf for buf in later if buf is not None and buf.occupied), None)
+            later = (self._buffers[b] for b in reversed(self._live(hole + 1, self.version + self.eta)))
+            donor_buf = next((buf for buf in later if buf.occupied), None)
             if donor_buf is None:
                 return surplus
             entry = donor_buf.occupied.pop(next(iter(donor_buf.occupied)))  # moving earlier never breaks the bound

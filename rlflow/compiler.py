@@ -10,6 +10,7 @@ from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.placement import check_stage_resources
 from rlflow.plan import lower
+from rlflow.resource_checks import check_machine
 from rlflow.schema import Pipeline
 from rlflow.user_code import python_path, search_dirs
 from rlflow.validate import validate_partial
@@ -31,6 +32,8 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
         problems += check_stage_resources(spec)
         problems += [p for p in devices.place(spec, devices.gpu_count(spec, gpus))[1] if not repairs.echoes(p)]
+        if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
+            check_machine(spec, problems)
     if problems:
         located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
         raise PipelineInvalid(doc.source, located)

@@ -10,11 +10,22 @@ wait out its start_timeout_s.
 
 from __future__ import annotations
 
+import math
+import os
+
 from rlflow.errors import Problem
 from rlflow.schema import Pipeline
 
 
 AT_PEAK = " (elastic stages at their max_replicas)"
+#: the embedded cluster may hold actors asking for up to this many times the machine's CPUs: they mostly wait on each
+#: other (launch.py gives Ray that many logical CPUs); past it the run spends its time starting and switching processes
+OVERSUBSCRIBE = 4
+#: Adam moves every weight by about lr per step; weights are of order 0.01-1, so at lr > 1 a step overwrites them
+LR_MAX = 1.0
+#: a staleness bound above the run's steps bounds nothing (no group can be staler than the run is long); above this
+#: floor as well it is refused, so a short trial run (steps: 2) of a pipeline with eta 4 stays valid
+ETA_FLOOR = 1000
 
 
 def peak(stage) -> int:
@@ -23,7 +34,48 @@ def peak(stage) -> int:
     return max(stage.replicas, elastic.max_replicas) if elastic else getattr(stage, "replicas", getattr(stage, "concurrency", 1))
 
 
+def check_ranges(spec: Pipeline, problems: list[Problem]) -> None:
+    """Settings that compile but make a run that cannot work: a learning rate that is not finite or above LR_MAX
+    (rule lr-out-of-range), a staleness bound above both the run's steps and ETA_FLOOR (rule eta-out-of-range)."""
+    trains = [(name, s) for name, s in spec.stages.items() if s.kind == "train"]
+    for name, s in trains:
+        if not (math.isfinite(s.lr) and s.lr <= LR_MAX):
+            problems.append(Problem(("stages", name, "lr"), f"lr {s.lr:g} is not a learning rate a run can train at: "
+                                    f"the first step would make the weights non-finite (at most {LR_MAX:g})",
+                                    "lr-out-of-range", "use a learning rate such as 1e-6 to 1e-4 for a pretrained "
+                                    "model (3e-4 for the built-in tiny one)"))
+    steps = max((s.steps for _, s in trains), default=0)
+    for i, e in enumerate(spec.edges):
+        eta = getattr(e.policy, "eta", None)
+        if eta is not None and eta > max(steps, ETA_FLOOR):
+            problems.append(Problem(("edges", i, "policy", "eta"), f"eta {eta} is more than the run's {steps} steps (and "
+                                    f"more than {ETA_FLOOR}): no group can be that stale, so the bound bounds nothing",
+                                    "eta-out-of-range", "to train on whatever finished first, use policy kind "
+                                    f"unbounded; else a bound of a few steps (0 is on-policy), at most {max(steps, ETA_FLOOR)}"))
+
+
+def check_machine(spec: Pipeline, problems: list[Problem], cpus: int | None = None) -> None:
+    """The embedded cluster with no resources.num_cpus runs on this machine (`cpus`: its CPU count): the stages'
+    CPUs may be at most OVERSUBSCRIBE x its CPUs (rule cluster-too-small). Not for a joined cluster, a declared
+    num_cpus (check_resources) or a plan compiled for another machine (--gpus N: the caller skips it)."""
+    if spec.resources.address is not None or spec.resources.num_cpus is not None:
+        return
+    cpus = cpus or os.cpu_count() or 1
+    elastic = any(getattr(s, "elastic", None) for s in spec.stages.values())
+    used = [(n, s) for n, s in spec.stages.items() if s.kind in ("rollout", "train", "reward")]
+    want = sum(s.num_cpus * peak(s) for _, s in used)
+    if want > OVERSUBSCRIBE * cpus:
+        big = max(used, key=lambda ns: ns[1].num_cpus * peak(ns[1]))[0]
+        problems.append(Problem(("stages", big, "replicas" if spec.stages[big].kind != "reward" else "concurrency"),
+                                f"the stages ask for {want:g} CPU(s){AT_PEAK if elastic else ''} but the embedded "
+                                f"cluster runs on this machine's {cpus} CPU(s) (at most {OVERSUBSCRIBE} x that: its "
+                                "actors mostly wait on each other)", "cluster-too-small",
+                                f"lower stages.{big}'s replicas (or its num_cpus), or join a larger cluster with "
+                                "resources.address"))
+
+
 def check_resources(spec: Pipeline, batch_groups: int | None, problems: list[Problem]) -> None:
+    check_ranges(spec, problems)
     rollouts = [s for s in spec.stages.values() if s.kind == "rollout"]
     for name, s in spec.stages.items():
         e = getattr(s, "elastic", None)
