@@ -1,6 +1,7 @@
 """The first rows of a prompt file, checked before anything starts.
 
-A row without a prompt or an answer, a line that is not JSON, or a missing column is named by its line at
+A row without a prompt or an answer (or with one that is empty or not text), a line that is not JSON, or a
+missing column is named by its line at
 `rlflow compile`, and again when `rlflow run` starts (the file may have changed since), instead of after the
 engines and the trainer have started. Only the head is read: a file of a million rows is still checked in
 milliseconds. Rows past the head are checked as they are drawn (runtime/prompt_source.py), with the same messages.
@@ -27,6 +28,32 @@ def missing_problem(where: str, field: str, what: str) -> tuple[str, str, str]:
     """A row at `where` lacks its `what` (prompt or answer), held in column `field`."""
     return (f"{where} has no {what} ({field!r} is missing or null)", f"missing-{what}",
             f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one")
+
+
+def not_text(value, what: str) -> bool:
+    """A prompt must be a string; an answer a string or a number (an answer 4 is the text '4'), never a bool, a list,
+    an object or bytes."""
+    if isinstance(value, str):
+        return False
+    return what == "prompt" or isinstance(value, bool) or not isinstance(value, (int, float))
+
+
+def row_problem(row: dict, fields: tuple[str, str], where: str) -> tuple[str, str, str] | None:
+    """(message, rule, fix) for the first unusable field of a row at `where`: missing-*, *-not-text, empty-*
+    (prompt, then answer); None if the row is usable. The head check (compile, run start), the rows drawn during
+    the run and the held-out rows of an evaluation all judge a row by this."""
+    for field, what in zip(fields, ("prompt", "answer")):
+        value = row.get(field)
+        if missing(value):
+            return missing_problem(where, field, what)
+        if not_text(value, what):
+            kind = "a string or a number" if what == "answer" else "a string"
+            return (f"{where} has {'an' if what == 'answer' else 'a'} {what} that is not text ({field!r} is a "
+                    f"{type(value).__name__})", f"{what}-not-text", f"write every {what} as {kind}")
+        if isinstance(value, str) and not value.strip():
+            return (f"{where} has an empty {what} ({field!r} is {value!r})", f"empty-{what}",
+                    f"give every row {'an' if what == 'answer' else 'a'} {what} with text, or remove the rows without one")
+    return None
 
 
 def column_problem(shown: str, fields: tuple[str, str], columns) -> tuple[str, str, str] | None:
@@ -69,7 +96,7 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
         if not isinstance(row, dict):
             return (f"cannot read '{shown}' line {number}: a {type(row).__name__}, not a JSON object", "bad-data", READ_FIX)
         problem = column_problem(shown, fields, row) if seen == 0 else None  # columns: named from the first row
-        problem = problem or _row_problem(row, fields, f"'{shown}' line {number}")
+        problem = problem or row_problem(row, fields, f"'{shown}' line {number}")
         if problem:
             return problem
         seen += 1
@@ -78,30 +105,37 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
     return None if seen else no_rows_problem(shown)
 
 
-def first_missing(path: str | Path, field: str) -> str | None:
-    """Where the file first lacks `field` ("'p.jsonl' line 7", "'p.parquet' row 3"), reading the whole file; None
-    if no row lacks it or the file cannot be read."""
+def first_bad(path: str | Path, fields: tuple[str, str], rule: str) -> str | None:
+    """Where the file first breaks `rule` ("'p.jsonl' line 7", "'p.parquet' row 3"): a row_problem rule, or bad-data
+    for a line that is not a JSON object; reads the whole file (only on an error path); None if no row does or the
+    file cannot be read."""
+    return first_row(path, lambda row: _breaks(row, fields, rule), fields)
+
+
+def first_row(path: str | Path, pick, columns: tuple[str, ...] | None = None) -> str | None:
+    """Where the file's first row that `pick(row)` is true of is ("'p.jsonl' line 7", "'p.parquet' row 3"); a JSON
+    line that does not parse is passed as its ValueError. Parquet rows hold only `columns` (default: all). Reads the
+    whole file (only on an error path); None if no row is picked or the file cannot be read."""
     path = str(path)
     try:
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            if field not in pq.read_schema(path).names:
+            if columns and any(f not in pq.read_schema(path).names for f in columns):
                 return f"'{path}' row 1"
-            column = pq.read_table(path, columns=[field]).column(field).to_pylist()
-            first = next((i for i, v in enumerate(column) if missing(v)), None)
+            rows = pq.read_table(path, columns=list(columns) if columns else None).to_pylist()
+            first = next((i for i, row in enumerate(rows) if pick(row)), None)
             return None if first is None else f"'{path}' row {first + 1}"
-        return next((f"'{path}' line {n}" for n, row in _json_lines(path)
-                     if isinstance(row, dict) and missing(row.get(field))), None)
+        return next((f"'{path}' line {n}" for n, row in _json_lines(path) if row is not _ARRAY and pick(row)), None)
     except Exception:  # noqa: BLE001 - only locating the row; the problem itself is already known
         return None
 
 
-def _row_problem(row: dict, fields: tuple[str, str], where: str) -> tuple[str, str, str] | None:
-    for field, what in zip(fields, ("prompt", "answer")):
-        if missing(row.get(field)):
-            return missing_problem(where, field, what)
-    return None
+def _breaks(row, fields: tuple[str, str], rule: str) -> bool:
+    if not isinstance(row, dict):  # a parse error, or a JSON value that is not an object
+        return rule == "bad-data"
+    problem = row_problem(row, fields, "")
+    return problem is not None and problem[1] == rule
 
 
 def _json_lines(path: str):
@@ -134,7 +168,7 @@ def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> 
         return no_rows_problem(shown)
     batch = next(file.iter_batches(batch_size=rows, columns=list(fields)))
     for i, row in enumerate(batch.to_pylist()):
-        problem = _row_problem(row, fields, f"'{shown}' row {i + 1}")
+        problem = row_problem(row, fields, f"'{shown}' row {i + 1}")
         if problem:
             return problem
     return None

@@ -79,20 +79,33 @@ def summarize(results: list[dict], k: int, prefix: str = "eval/") -> dict:
 
 # ---------------------------------------------------------------------------------------------- held-out rows
 def _read_file(path: str):
-    """Rows of a .jsonl / .json / .parquet file, in file order."""
+    """(where, row) for the rows of a .jsonl / .json / .parquet file, in file order ("'p.jsonl' line 7"); a line
+    that is not a JSON object is invalid input naming its line (data_head.py words it as the head check does)."""
+    from rlflow.data_head import READ_FIX, _json_lines
+
     if Path(path).suffix == ".parquet":
         import pyarrow.parquet as pq
 
+        n = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            yield from batch.to_pylist()
+            for row in batch.to_pylist():
+                n += 1
+                yield f"'{path}' row {n}", row
         return
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
-        yield from json.loads(text)
+        yield from ((f"'{path}' item {i + 1}", row) for i, row in enumerate(json.loads(text)))
         return
-    for line in text.splitlines():
-        if line.strip():
-            yield json.loads(line)
+    for number, row in _json_lines(path):
+        if not isinstance(row, dict):
+            _bad_row((f"cannot read '{path}' line {number}: not a JSON object ({row})", "bad-data", READ_FIX), path)
+        yield f"'{path}' line {number}", row
+
+
+def _bad_row(problem: tuple[str, str, str], source: str):
+    from rlflow.errors import PipelineInvalid, Problem
+
+    raise PipelineInvalid(source, [Problem(("data", "eval"), "held-out row: " + problem[0], *problem[1:])])
 
 
 def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
@@ -106,21 +119,22 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
     over-weight rare prompts; on `repeat` those are the long answers, which cut greedy accuracy from 36% to
     15% at the warm start)."""
     from rlflow import registry
+    from rlflow.data_head import row_problem
     from rlflow.runtime.prompt_source import BUILTIN_TASK_ROWS
 
     src, frac = task["source"], task.get("holdout")
     pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
     if src.startswith("builtin:"):
         count = task.get("limit") or max(BUILTIN_TASK_ROWS, math.ceil(2 * size / (frac or 1)))
-        rows = iter(registry.resolve("task", src)(seed=seed, count=count))
+        rows = ((f"row {i + 1} of {src}", r) for i, r in enumerate(registry.resolve("task", src)(seed=seed, count=count)))
     else:
         rows = _read_file(src)
     out = []
-    for n, row in enumerate(rows):
+    for n, (where, row) in enumerate(rows):
         if task.get("limit") and n >= task["limit"]:
             break
-        if row.get(pf) is None or row.get(af) is None:
-            continue
+        if problem := row_problem(row, (pf, af), where):  # as training's reader judges it: stop, naming the row
+            _bad_row(problem, src)
         prompt = str(row[pf])
         if frac is not None and not held_out(prompt, frac):
             continue

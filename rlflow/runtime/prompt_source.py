@@ -18,9 +18,8 @@ import ray
 from ray.data import DataContext
 
 from rlflow import registry
-from rlflow.data_head import (READ_FIX, column_problem, first_missing, head_problem, missing, missing_problem,
-                              no_rows_problem)
-from rlflow.errors import PipelineInvalid, Problem
+from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, no_rows_problem, row_problem
+from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
 from rlflow.runtime.evaluation import held_out
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 
@@ -96,6 +95,21 @@ def _plain(row: dict) -> dict:
     return json.loads(json.dumps(row, default=str))
 
 
+class BadRow(RunFailed):
+    """A row drawn during the run is unusable (past the head that compile and run start check, or the file changed
+    since): the run stops with exit 3 and a checkpoint, naming the task, the file's line and the rule, as the head
+    check names a bad row in the head (data_head.py). Stopping, not skipping: a row skipped silently is a prompt
+    the user believes was trained on."""
+
+    def __init__(self, loc: tuple, message: str, rule: str, fix: str):
+        self.problem = Problem(loc, message, rule, fix)
+        super().__init__(f"{format_loc(loc)}: {message} [{rule}]; {fix}, then `rlflow run --resume` continues from "
+                         "the last checkpoint")
+
+    def __reduce__(self):
+        return (type(self), (self.problem.loc, self.problem.message, self.problem.rule, self.problem.fix))
+
+
 class _TaskRows:
     """One task's rows, in epochs: a lazy dataset, iterated a batch at a time."""
 
@@ -112,7 +126,12 @@ class _TaskRows:
             self.fail(f"no such data file '{src}'", "missing-file", "check the path, then re-run rlflow compile")
 
     def fail(self, message: str, rule: str, fix: str):
+        """Invalid input found before the run starts (exit 2)."""
         raise PipelineInvalid(self.source, [Problem(self.loc, f"task '{self.name}': {message}", rule, fix)])
+
+    def stop(self, message: str, rule: str, fix: str):
+        """A bad row drawn during the run (exit 3, with a checkpoint)."""
+        raise BadRow(self.loc, f"task '{self.name}': {message}", rule, fix)
 
     def check_head(self) -> None:
         """The file's first rows (data_head.py): a bad one fails the run before it starts an actor."""
@@ -128,8 +147,10 @@ class _TaskRows:
                 ds = ray.data.from_items(rows)
             elif Path(src).suffix == ".parquet":
                 ds = ray.data.read_parquet(src, label_selector=on_this_node())
-            else:
+            elif _is_json_array(src):
                 ds = ray.data.read_json(src, label_selector=on_this_node())
+            else:  # JSON lines: each line as text, parsed here, so a bad one is named by its line (not a Ray traceback)
+                ds = ray.data.read_text(src, label_selector=on_this_node())
             return ds.limit(limit) if limit else ds
 
     def _open(self):
@@ -141,9 +162,11 @@ class _TaskRows:
         batches = iter(self._dataset().iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow", prefetch_batches=1,
                                                     local_shuffle_buffer_size=SHUFFLE_WINDOW,
                                                     local_shuffle_seed=self.seed + self.epoch))
+        lines = not self.spec["source"].startswith("builtin:") and Path(self.spec["source"]).suffix != ".parquet" \
+            and not _is_json_array(self.spec["source"])
         try:
             for batch in batches:
-                yield from batch.to_pylist()
+                yield from (map(self._parse, batch.column("text").to_pylist()) if lines else batch.to_pylist())
         finally:
             batches.close()  # ends this epoch's Ray Data execution (also when the source is closed early)
 
@@ -154,13 +177,13 @@ class _TaskRows:
                 self._rows = self._open()
             try:
                 row = next(self._rows, None)
-            except ray.exceptions.RayTaskError as e:  # raised by the read: the file's content is the problem
+            except ray.exceptions.RayTaskError as e:  # raised by a Parquet or JSON-array read: the file's content
                 self._rows, cause = None, getattr(e, "cause", None) or e
-                self.fail(f"cannot read '{self.spec['source']}': {type(cause).__name__}: "
+                self.stop(f"cannot read '{self.spec['source']}': {type(cause).__name__}: "
                           f"{(str(cause).splitlines() or [''])[0][:200]}", "bad-data", READ_FIX)
             if row is not None:
-                if self.in_epoch == 0:
-                    self._check_columns(row)
+                if self.in_epoch == 0 and Path(self.spec["source"]).suffix == ".parquet":
+                    self._check_columns(row)  # one schema for the file (a JSON line's missing key is its own row's)
                 self._check_row(row)
                 if self.holdout and held_out(str(row[self.fields[0]]), self.holdout):
                     continue  # an evaluation row: never trained on
@@ -171,33 +194,59 @@ class _TaskRows:
                 return row
             self._rows = None
             if self.in_epoch == 0:
-                self.fail(*no_rows_problem(self.spec["source"]))
+                self.stop(*no_rows_problem(self.spec["source"]))
             self._cached, self._first = self._cached or self._first, None
             self.epoch, self.in_epoch = self.epoch + 1, 0
+
+    def _parse(self, text: str) -> dict:
+        """A JSON line as a row; a line that is not a JSON object stops the run, naming its line."""
+        try:
+            row = json.loads(text)
+        except ValueError as err:
+            row = err
+        if isinstance(row, dict):
+            return row
+        what = f"not JSON ({row})" if isinstance(row, Exception) else f"a {type(row).__name__}, not a JSON object"
+        where = self.where(lambda r: not isinstance(r, dict) and str(r) == str(row), "bad-data")
+        self.stop(f"cannot read {where}: {what}", "bad-data", READ_FIX)
 
     def _check_columns(self, row: dict) -> None:
         problem = column_problem(self.spec["source"], self.fields, row)
         if problem:
-            self.fail(*problem)
+            self.stop(*problem)
 
     def _check_row(self, row: dict) -> None:
-        """Every row needs a prompt and an answer: a missing or null one would be trained on as the text
-        'None' (missing-prompt / missing-answer, naming the row)."""
-        for field, what in zip(self.fields, ("prompt", "answer")):
-            if missing(row.get(field)):
-                self.fail(*missing_problem(self._where_missing(field), field, what))
+        """Every row needs a prompt and an answer with text (data_head.row_problem: missing-*, *-not-text, empty-*):
+        the run stops naming the row's line, as the head check does."""
+        problem = row_problem(row, self.fields, "")
+        if problem:
+            where = self.where(lambda r: isinstance(r, dict) and all(r.get(f) == row.get(f) for f in self.fields),
+                               problem[1])
+            self.stop(*row_problem(row, self.fields, where))
 
-    def _where_missing(self, field: str) -> str:
-        """Where the file first lacks `field`: "'p.jsonl' line 7" (rows are drawn shuffled, so the row drawn is
-        found again by reading the file; only on this error path). Falls back to the draw's position."""
+    def where(self, same, rule: str) -> str:
+        """Where the file holds this row: "'p.jsonl' line 7" (rows are drawn shuffled, so it is found again by
+        reading the file, only on an error path): the first row `same` picks, else the first that breaks `rule`;
+        else the draw's position."""
         src = self.spec["source"]
-        found = None if src.startswith("builtin:") else first_missing(src, field)
-        return found or f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
+        if not src.startswith("builtin:"):
+            found = first_row(src, same, self.fields) or first_bad(src, self.fields, rule)
+            if found:
+                return found
+        return f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
 
     def close(self) -> None:
         if self._rows is not None:
             self._rows.close()  # closes iter_batches: Ray Data shuts this stream's execution down
             self._rows = None
+
+
+def _is_json_array(src: str) -> bool:
+    """A .json file that holds one JSON array (read whole by Ray Data), not JSON lines."""
+    if Path(src).suffix != ".json":
+        return False
+    with open(src, encoding="utf-8", errors="replace") as f:
+        return f.read(4096).lstrip().startswith("[")
 
 
 def check_sources(tasks: dict[str, dict], source: str) -> None:
@@ -236,12 +285,13 @@ class PromptSource:
         try:
             ids = encode_prompt(self.tokenizer, prompt, fmt, stream.spec.get("system_prompt"))
         except ValueError as err:  # the model directory changed since compile (which checks for a chat template)
-            stream.fail(f"cannot format prompt {n} as chat: {err}", "no-chat-template",
+            stream.stop(f"cannot format prompt {n} as chat: {err}", "no-chat-template",
                         "use prompt_format: raw, or a model whose tokenizer has a chat template")
         budget = self.max_new_tokens[task]
         if len(ids) + budget > self.max_model_len:
-            stream.fail(f"prompt {n} ({prompt[:40]!r}) has {len(ids)} tokens; with max_new_tokens {budget} that "
-                        f"exceeds model.max_model_len {self.max_model_len}", "prompt-too-long",
+            where = stream.where(lambda r: isinstance(r, dict) and str(r.get(prompt_field)) == prompt, "prompt-too-long")
+            stream.stop(f"the prompt at {where} ({prompt[:40]!r}) has {len(ids)} tokens; with max_new_tokens {budget} "
+                        f"that exceeds model.max_model_len {self.max_model_len}", "prompt-too-long",
                         "raise model.max_model_len, lower max_new_tokens, or shorten the prompts")
         return {"task": task, "n": n, "prompt": prompt, "answer": answer, "prompt_ids": ids, "row": _plain(row)}
 

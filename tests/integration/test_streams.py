@@ -98,33 +98,37 @@ def test_two_tasks_by_weight_three_to_one(ray_cluster, tmp_path):
     ps.close()
 
 
-def test_bad_data_is_a_pipeline_error(ray_cluster, tmp_path):
+def test_bad_data_is_a_pipeline_error_before_the_run_and_a_named_stop_during_it(ray_cluster, tmp_path):
+    from rlflow.runtime.prompt_source import BadRow
+
     with pytest.raises(PipelineInvalid) as e:
         source({"main": {"source": str(tmp_path / "missing.jsonl")}})
     assert [(p.rule, p.loc) for p in e.value.problems] == [("missing-file", ("data", "source"))]
 
     (tmp_path / "cols.jsonl").write_text("".join(json.dumps({"question": "q", "answer": "a"}) + "\n" for _ in range(5)))
     ps = source({"qa": {"source": str(tmp_path / "cols.jsonl")}})
-    with pytest.raises(PipelineInvalid) as e:
+    with pytest.raises(BadRow) as e:
         ps.next(["qa"])
-    (p,) = e.value.problems
-    assert (p.rule, p.loc) == ("bad-data", ("data", "tasks", "qa", "source"))
-    assert "columns: question, answer" in p.message
+    p = e.value.problem
+    assert (p.rule, p.loc) == ("missing-prompt", ("data", "tasks", "qa", "source"))
+    assert f"'{tmp_path / 'cols.jsonl'}' line 1 has no prompt" in p.message
     ps.close()
 
-    (tmp_path / "broken.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": oops\n')
+    good = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(3000)]
+    broken = good[:2499] + ['{"prompt": oops'] + good[2499:]  # line 2500, far past any block's start
+    (tmp_path / "broken.jsonl").write_text("\n".join(broken) + "\n")
     ps = source({"main": {"source": str(tmp_path / "broken.jsonl")}})
-    with pytest.raises(PipelineInvalid) as e:
-        ps.next(["main"])
-    (p,) = e.value.problems
-    assert p.rule == "bad-data" and "cannot read" in p.message and "JSONDecodeError" in p.message
+    with pytest.raises(BadRow) as e:
+        [ps.next(["main"]) for _ in range(3001)]
+    p = e.value.problem
+    assert p.rule == "bad-data" and f"cannot read '{tmp_path / 'broken.jsonl'}' line 2500: not JSON" in p.message
     ps.close()
 
     ps = source({"main": {"source": write_jsonl(tmp_path / "long.jsonl", 20)}}, max_model_len=12, max_new=8)
-    with pytest.raises(PipelineInvalid) as e:
+    with pytest.raises(BadRow) as e:
         [ps.next(["main"]) for _ in range(20)]
-    (p,) = e.value.problems
-    assert p.rule == "prompt-too-long" and "task 'main'" in p.message and "prompt " in p.message
+    p = e.value.problem
+    assert p.rule == "prompt-too-long" and f"'{tmp_path / 'long.jsonl'}' line " in p.message
     ps.close()
 
 

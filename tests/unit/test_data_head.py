@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlflow.data_head import first_missing, head_problem
+from rlflow.data_head import first_bad, head_problem, row_problem
 from rlflow.errors import PipelineInvalid
 from rlflow.runtime.prompt_source import check_sources
 
@@ -72,8 +72,8 @@ def test_rows_past_the_head_are_left_to_the_stream(tmp_path):
     path = jsonl(tmp_path / "p.jsonl", rows)
     assert head_problem(path, FIELDS, rows=6) is None
     assert head_problem(path, FIELDS, rows=7)[1] == "missing-answer"
-    assert first_missing(path, "answer") == f"'{path}' line 7"  # the stream's error names the line all the same
-    assert first_missing(path, "prompt") is None
+    assert first_bad(path, FIELDS, "missing-answer") == f"'{path}' line 7"  # the stream's error names the line all the same
+    assert first_bad(path, FIELDS, "missing-prompt") is None
 
 
 def test_a_json_array_file_is_left_to_the_stream(tmp_path):
@@ -106,3 +106,34 @@ def test_run_start_names_the_task_and_skips_builtin_tasks(tmp_path):
     (p,) = e.value.problems
     assert (p.loc, p.rule) == (("data", "tasks", "sums", "source"), "missing-answer")
     assert p.message == f"task 'sums': '{path}' line 2 has no answer ('answer' is missing or null)"
+
+
+@pytest.mark.parametrize("row, rule, message", [
+    ({"prompt": "", "answer": "2"}, "empty-prompt", "has an empty prompt ('prompt' is '')"),
+    ({"prompt": " \n\t", "answer": "2"}, "empty-prompt", "has an empty prompt ('prompt' is ' \\n\\t')"),
+    ({"prompt": "1+1=", "answer": "  "}, "empty-answer", "has an empty answer ('answer' is '  ')"),
+    ({"prompt": ["1+1="], "answer": "2"}, "prompt-not-text", "has a prompt that is not text ('prompt' is a list)"),
+    ({"prompt": 7, "answer": "2"}, "prompt-not-text", "has a prompt that is not text ('prompt' is a int)"),
+    ({"prompt": "1+1=", "answer": {"v": 2}}, "answer-not-text", "has an answer that is not text ('answer' is a dict)"),
+    ({"prompt": "1+1=", "answer": True}, "answer-not-text", "has an answer that is not text ('answer' is a bool)"),
+])
+def test_empty_or_non_text_prompts_and_answers_are_named_by_their_line(tmp_path, row, rule, message):
+    path = jsonl(tmp_path / "p.jsonl", sums(3) + [row] + sums(2))
+    got, got_rule, fix = head_problem(path, FIELDS)
+    assert (got_rule, got) == (rule, f"'{path}' line 4 {message}")
+    assert fix.startswith("give every row" if rule.startswith("empty") else "write every")
+    assert first_bad(path, FIELDS, rule) == f"'{path}' line 4"  # found again, for a row drawn later in the run
+
+
+@pytest.mark.parametrize("answer", ["2", 2, 2.5, "0"])
+def test_numbers_are_answers(answer):
+    assert row_problem({"prompt": "1+1=", "answer": answer}, FIELDS, "here") is None
+
+
+def test_empty_strings_in_parquet_are_named_by_their_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "answer": ["x", "", "z"]}), tmp_path / "w.parquet")
+    assert head_problem(tmp_path / "w.parquet", FIELDS)[:2] == (
+        f"'{tmp_path / 'w.parquet'}' row 2 has an empty answer ('answer' is '')", "empty-answer")
