@@ -84,3 +84,8 @@ def returns(completion: str, answer: str):
     import ast
 
     return float(completion[6:]) if completion.startswith("float:") else ast.literal_eval(completion)
+
+
+def always_zero(completion: str, answer: str) -> float:
+    """A policy that never earns a reward: every group is uniform, so drop_uniform_groups filters it."""
+    return 0.0

@@ -1,0 +1,50 @@
+"""Runs that would never end stop by name, on the real stack: every group filtered (exit 3 from NoProgress, with a
+checkpoint); a train step that is not finite (exit 3, its weights neither published nor saved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlflow.errors import RunFailed
+from rlflow.runtime.watchdog import NoProgress
+import runs
+
+pytestmark = pytest.mark.integration
+
+
+def stopped_run(plan: dict, error):
+    from rlflow.runtime.driver import Run
+
+    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None)
+    with pytest.raises(error) as e:
+        run.run()
+    return run, e.value
+
+
+def test_a_run_whose_every_group_is_filtered_stops_and_says_why(ray_cluster, workdir, monkeypatch):
+    """A policy that never earns a reward under drop_uniform_groups: every scored group is filtered, which kept the
+    stall watchdog fed forever; now 4 of them with no train step stop the run, with a checkpoint."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    plan = runs.plan_for("quickstart", "stages.score.fn=rewards_for_tests:always_zero", "stages.train.no_progress_groups=4")
+    run, err = stopped_run(plan, NoProgress)
+    assert isinstance(err, RunFailed)  # exit 3
+    msg = str(err)
+    assert "filtered by drop_uniform_groups (reward stage 'score') (the train stage's no_progress_groups is 4)" in msg
+    assert "their rewards: 0 x" in msg and "turn the group filter off" in msg
+    assert run.history == [] and run.counts["filtered_groups"] >= 4
+    assert run.saved_step == 0  # the trainer was alive: a checkpoint to resume from (after fixing the reward)
+
+
+def test_a_step_that_makes_the_weights_non_finite_stops_the_run_unsaved(ray_cluster, workdir):
+    """lr inf (compile refuses it: rule lr-out-of-range; here set in the plan behind its back): step 1's update is
+    not finite; its weights are never published nor saved, and the run stops by name."""
+    plan = runs.plan_for("quickstart", "stages.train.steps=2")
+    next(a for a in plan["actors"] if a["role"] == "trainer")["trainer_kwargs"]["lr"] = float("inf")
+    run, err = stopped_run(plan, RunFailed)
+    assert str(err).startswith("train step 1 was not finite")
+    assert "the update made the weights non-finite, so they were neither published nor saved; lower the train " \
+           "stage's lr" in str(err)
+    assert run.trainer_dead and run.saved_step is None and run.counts["nonfinite_steps"] == 1
+    assert run.weights.version == 0  # rollouts never saw the poisoned weights
