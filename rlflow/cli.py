@@ -325,23 +325,23 @@ def _profile(args) -> int:
 def _export(args) -> int:
     from pathlib import Path
 
-    from rlflow.runtime import export
-    from rlflow.runtime.checkpoint import STATE_FILE
+    from rlflow.runtime import checkpoint, export
     from rlflow.runtime.launch import locate_run
 
     run_dir = locate_run(args.run, command="rlflow export")
-    ckpt = run_dir / "checkpoint"
-    if export.checkpoint_tag(ckpt) is None or not (run_dir / STATE_FILE).is_file():
-        print(f"rlflow export: run {run_dir} has no checkpoint (one is saved at the end of a run, on Ctrl-C and every "
-              "stages.<train>.checkpoint_every steps)", file=sys.stderr)
+    ckpt = run_dir / checkpoint.CHECKPOINT_DIR
+    found = checkpoint.newest(run_dir, log=lambda m: print(f"rlflow export: {m}", file=sys.stderr))
+    if found is None:
+        print(f"rlflow export: run {run_dir} has no complete checkpoint (one is saved at the end of a run, on Ctrl-C and "
+              "every stages.<train>.checkpoint_every steps)", file=sys.stderr)
         return EXIT_INVALID
-    state = json.loads((run_dir / STATE_FILE).read_text())
+    tag, state = found
     model_dir = next((Path(d) for d in (state.get("model_dir"), run_dir / "export") if d and (Path(d) / "config.json").is_file()), None)
     if model_dir is None:
         print(f"rlflow export: the model directory run {run_dir} started from ({state.get('model_dir')}) is gone: "
               "its config and tokenizer are needed", file=sys.stderr)
         return EXIT_INVALID
-    weights, info = export.from_checkpoint(ckpt)
+    weights, info = export.from_checkpoint(ckpt, tag)
     out = Path(args.output) if args.output else run_dir / "export"
     plan_file = run_dir / "export" / "plan.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None

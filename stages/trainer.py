@@ -468,21 +468,46 @@ class DeepSpeedTrainer:
         """Whether publishing the weights needs every rank (ZeRO-3 shards the parameters themselves)."""
         return self.engine.zero_optimization_stage() == 3
 
-    def save_checkpoint(self, dir: str, client_state: dict | None = None) -> None:
-        """DeepSpeed checkpoint (weights, optimizer, engine counters) plus the version and `client_state`."""
-        state = {_CLIENT_KEY: {"version": self.version, "client": dict(client_state or {})}}
-        self.engine.save_checkpoint(dir, client_state=state)
+    def save_checkpoint(self, dir: str, client_state: dict | None = None, tag: str | None = None) -> dict[str, int]:
+        """DeepSpeed checkpoint (weights, optimizer, engine counters) plus the version and `client_state`, under `tag`
+        in `dir`. With a tag DeepSpeed writes no `latest` file: the caller publishes the tag itself
+        (rlflow/runtime/checkpoint.py); without one, DeepSpeed's global_step<N> and `latest`. Returns the
+        counters a resume checks against the run's state (`counters`)."""
+        from rlflow.runtime.fault_points import reach
 
-    def load_checkpoint(self, dir: str) -> dict[str, Any]:
-        """Restore the latest checkpoint in `dir` (call on a fresh trainer); returns the saved client_state."""
-        path, state = self.engine.load_checkpoint(dir)
+        state = {_CLIENT_KEY: {"version": self.version, "client": dict(client_state or {})}}
+        engine, step = self.engine.checkpoint_engine, int((client_state or {}).get("step", self.version))
+        save_file = engine.save
+
+        def save_then_fault(*args, **kwargs):  # a fault point after DeepSpeed's first file of the tag
+            out = save_file(*args, **kwargs)
+            reach("trainer_file", step)
+            return out
+
+        engine.save = save_then_fault
+        try:
+            self.engine.save_checkpoint(dir, tag=tag, client_state=state, save_latest=tag is None)
+        finally:
+            engine.save = save_file
+        return self.counters()
+
+    def load_checkpoint(self, dir: str, tag: str | None = None) -> dict[str, Any]:
+        """Restore the checkpoint `tag` in `dir` (None: the one DeepSpeed's `latest` names) into this trainer (call on a
+        fresh one); returns the saved client_state."""
+        path, state = self.engine.load_checkpoint(dir, tag=tag)
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {dir!r} (expected a 'latest' file)")
+            where = f"tag {tag!r}" if tag else "a 'latest' file"
+            raise FileNotFoundError(f"no DeepSpeed checkpoint found in {dir!r} (expected {where})")
         ours = state.get(_CLIENT_KEY)
         if ours is None:
             raise ValueError(f"{path}: a DeepSpeed checkpoint not written by DeepSpeedTrainer.save_checkpoint")
         self.version = int(ours["version"])
         return ours["client"]
+
+    def counters(self) -> dict[str, int]:
+        """The weights version and the engine's optimizer step count (DeepSpeed's global_steps, saved and restored
+        with a checkpoint): a resume checks both against the run's state."""
+        return {"version": self.version, "optimizer_steps": int(self.engine.global_steps)}
 
     def close(self) -> None:
         """Drop the engine and models. The process group stays: it is process-wide and other engines may share it."""
@@ -491,25 +516,6 @@ class DeepSpeedTrainer:
         self._logprobs = self._ref_logprobs = None
 
 
-def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
-    """Groups of at most group_size (fewer when a reward failed), every member rewarded, one log-prob per token."""
-    if not trajectories:
-        raise ValueError("train_step needs at least one group of trajectories")
-    counts: dict[str, int] = {}
-    for t in trajectories:
-        counts[t.group_id] = counts.get(t.group_id, 0) + 1
-        if t.reward is None:
-            raise ValueError(f"trajectory {t.traj_id} reached the trainer without a reward (reward stage bug)")
-        if len(t.behaviour_logprobs) != len(t.completion_ids):
-            raise ValueError(
-                f"trajectory {t.traj_id}: {len(t.behaviour_logprobs)} behaviour log-probs for "
-                f"{len(t.completion_ids)} completion tokens"
-            )
-        if not t.prompt_ids:
-            raise ValueError(f"trajectory {t.traj_id} has an empty prompt")
-    wrong = {g: n for g, n in counts.items() if n > group_size}
-    if wrong:
-        raise ValueError(f"groups may have at most group_size={group_size} members; got {wrong}")
 @contextlib.contextmanager
 def _held(optimizer):
     """The optimizer's step does nothing inside: weights and moments stay as they are (not even Adam's decay of
@@ -533,3 +539,22 @@ def nonfinite_verdict(loss: float, grad_norm: float | None, applied: bool, weigh
 NONFINITE_ORDER = ("", "skipped", "poisoned")
 
 
+def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
+    """Groups of at most group_size (fewer when a reward failed), every member rewarded, one log-prob per token."""
+    if not trajectories:
+        raise ValueError("train_step needs at least one group of trajectories")
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        counts[t.group_id] = counts.get(t.group_id, 0) + 1
+        if t.reward is None:
+            raise ValueError(f"trajectory {t.traj_id} reached the trainer without a reward (reward stage bug)")
+        if len(t.behaviour_logprobs) != len(t.completion_ids):
+            raise ValueError(
+                f"trajectory {t.traj_id}: {len(t.behaviour_logprobs)} behaviour log-probs for "
+                f"{len(t.completion_ids)} completion tokens"
+            )
+        if not t.prompt_ids:
+            raise ValueError(f"trajectory {t.traj_id} has an empty prompt")
+    wrong = {g: n for g, n in counts.items() if n > group_size}
+    if wrong:
+        raise ValueError(f"groups may have at most group_size={group_size} members; got {wrong}")

@@ -97,7 +97,7 @@ class Run:
         rollout_stages = rollout_order(plan)  # the simulator serves its fleets in the same order
         state, resumed = None, None
         if self.resume:
-            state = checkpoint.load(self.out_dir, self.sink.actor, source=plan["source"], timeout_s=START_TIMEOUT_S)
+            state = checkpoint.load(self.out_dir, self.sink, source=plan["source"], log=self.log)  # falls back, saying so
             self.ledger_before = self.ledger.counts()
             resumed = self.ledger.resume(state["step"])
         max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
@@ -381,10 +381,11 @@ class Run:
     # ------------------------------------------------------------------ checkpoint / resume / shutdown
     def _checkpoint(self) -> None:
         self.ledger.flush()
-        state = {"step": self.step, "mlflow_run_id": self.tracker.run_id, "history": self.metrics.history,
+        state = {"step": self.step, "version": self.weights.version, "mlflow_run_id": self.tracker.run_id,
+                 "history": self.metrics.history,
                  "staleness_all": self.metrics.staleness_all, "counts": self.counts, "evals": self.metrics.evals,
                  "model_dir": str(self.model_dir)}  # `rlflow export` takes the config and tokenizer from there
-        path = checkpoint.save(self.out_dir, self.sink.actor, state, timeout_s=CALL_TIMEOUT_S)
+        path = checkpoint.save(self.out_dir, self.sink, state, log=self.log)  # one unit, published by one rename
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.saved_step = self.step
         self.log(f"checkpoint at step {self.step}: {path}")

@@ -89,16 +89,17 @@ def checkpoint_tag(ckpt: Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
-def from_checkpoint(ckpt: str | Path) -> tuple[dict, dict]:
-    """The full fp32 weights of a DeepSpeed checkpoint written by the run's trainer (stages/trainer.py
-    save_checkpoint) and what it says of itself ({version, step, zero_stage, tag}); no Ray, no process group.
+def from_checkpoint(ckpt: str | Path, tag: str | None = None) -> tuple[dict, dict]:
+    """The full fp32 weights of checkpoint `tag` in `ckpt` (None: the one DeepSpeed's `latest` names), written by the
+    run's trainer (stages/trainer.py save_checkpoint), and what it says of itself ({version, step, zero_stage, tag});
+    no Ray, no process group.
 
     ZeRO 1-3 keep the fp32 master weights partitioned in the optimizer states: DeepSpeed's zero_to_fp32 joins them
     (and restores tied parameters). ZeRO 0 saves the module itself in mp_rank_00_model_states.pt."""
     import torch
 
     ckpt = Path(ckpt)
-    tag = checkpoint_tag(ckpt)
+    tag = tag or checkpoint_tag(ckpt)
     if tag is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint in {ckpt} (no 'latest' file)")
     states = torch.load(ckpt / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)

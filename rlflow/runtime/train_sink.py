@@ -16,8 +16,10 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.runtime.checkpoint import CheckpointDamaged
 from rlflow.runtime.model_shipping import local_model_dir, ship_model
 from rlflow.runtime.rollout_worker import one_thread
+from rlflow.runtime.watchdog import RunStalled
 
 
 def check_deepspeed_config(plan: dict) -> dict:
@@ -56,6 +58,8 @@ def check_deepspeed_config(plan: dict) -> dict:
 PLACEMENT_TIMEOUT_S = 120
 #: one call from rank 0 to the other ranks (their part of a step, a checkpoint, a gather)
 RANK_CALL_TIMEOUT_S = 600
+#: a resume's load: queued behind the ranks' start (DeepSpeed, the model), as the driver's own start is
+LOAD_TIMEOUT_S = 900
 
 
 @ray.remote
@@ -168,11 +172,15 @@ class TrainerWorker:
     def train_shard(self, shard) -> dict:
         return self.trainer.train_shard(shard)
 
-    def save(self, directory: str, client_state: dict) -> None:
-        self._all("save", directory, client_state, own=lambda: self.trainer.save_checkpoint(directory, client_state))
+    def save(self, directory: str, tag: str, client_state: dict) -> dict:
+        """Every rank writes its part of checkpoint `tag`; returns rank 0's counters (DeepSpeedTrainer.counters)."""
+        return self._all("save", directory, tag, client_state,
+                         own=lambda: self.trainer.save_checkpoint(directory, client_state, tag=tag))[0]
 
-    def load(self, directory: str) -> dict:
-        return self._all("load", directory, own=lambda: self.trainer.load_checkpoint(directory))[0]
+    def load(self, directory: str, tag: str) -> dict:
+        """Every rank restores checkpoint `tag`; returns {"client": the saved client_state, **rank 0's counters}."""
+        client = self._all("load", directory, tag, own=lambda: self.trainer.load_checkpoint(directory, tag=tag))[0]
+        return {"client": client, **self.trainer.counters()}
 
 
 class TrainSink:
@@ -195,6 +203,25 @@ class TrainSink:
         self.batch_info = info
         self.ref = self.actor.train.remote(list(rewards), rewards, self.group_size, version)
         submit(self.ref, ("train", self, None))
+
+    def save(self, directory: str, tag: str, client_state: dict) -> dict:
+        """Checkpoint `tag` from every rank (checkpoint.py's trainer side); the trainer's counters."""
+        return self._call(self.actor.save.remote(directory, tag, client_state), f"the trainer to save checkpoint {tag}")
+
+    def load(self, directory: str, tag: str) -> dict:
+        """Restore checkpoint `tag` into every rank; a checkpoint the trainer cannot read is CheckpointDamaged (the
+        caller falls back to an older one), not a bug."""
+        try:
+            return self._call(self.actor.load.remote(directory, tag), f"the trainer to load checkpoint {tag}", LOAD_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as err:
+            raise CheckpointDamaged(f"the trainer could not load it ({type(err.cause).__name__}: {err.cause})") from None
+
+    @staticmethod
+    def _call(ref, what: str, timeout_s: float = RANK_CALL_TIMEOUT_S):
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RunStalled(f"waited {timeout_s:.0f} s for {what}; see the Ray logs above") from None
 
     def close(self) -> None:
         """End every rank and give their resources back (the placement group outlives its actors otherwise)."""
