@@ -45,6 +45,9 @@ HEARTBEAT_S = 5.0
 EVAL_WAIT_S = 900  # the end of a run waits this long for the evaluations still in flight
 
 
+#: what a call on an actor raises when the actor, or the node it ran on, is gone
+LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+
 RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledger puts buffered groups back and "
                "generates again every other group that was not trained into it")
 
@@ -266,12 +269,12 @@ class Run:
             _, fleet, inst = tag
             try:
                 fleet.on_step(inst, payload[0].result())
-            except ray.exceptions.RayActorError as err:
+            except LOST as err:
                 fleet.on_death(inst, err)
         elif tag[0] == "train":
             try:
                 trained = payload[0].result()
-            except ray.exceptions.RayActorError as err:
+            except LOST as err:
                 self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
                 raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
                                 f"{RESUME_HINT}") from None
@@ -422,10 +425,26 @@ class Run:
         for f in self.fleets:
             f.replay = [p for p in replay if p["task"] in f.tasks]
 
+    def _finish_last_step(self, status: str) -> str:
+        """The step in flight when the run stops; "FAILED" (nothing to save) when the trainer died meanwhile (a lost
+        node) or the step made its weights non-finite."""
+        try:
+            trained = self._get(self.sink.ref, CALL_TIMEOUT_S, f"train step {self.step + 1} to finish")
+        except LOST as err:
+            self.sink.ref, self.trainer_dead = None, True
+            self.log(f"the trainer died while finishing step {self.step + 1} ({type(err).__name__}): no checkpoint")
+            return "FAILED"
+        if trained.get("nonfinite") == "poisoned":
+            self.sink.ref, self.trainer_dead = None, True
+            self.log(f"train step {self.step + 1} made the weights non-finite: not saved")
+            return "FAILED"
+        self._finish_step(trained)
+        return status
+
     def _shutdown(self, status: str) -> None:
         try:
             if self.sink.ref is not None and status != "FAILED":  # finish the step in flight: a consistent checkpoint
-                self._finish_step(self._get(self.sink.ref, CALL_TIMEOUT_S, f"train step {self.step + 1} to finish"))
+                status = self._finish_last_step(status)
             if status != "FAILED" and self.saved_step != self.step:  # checkpoint_every may have just saved it
                 self._checkpoint()
             if status == "FINISHED" or (status == "KILLED" and self.stop_requested):  # finished, or Ctrl-C

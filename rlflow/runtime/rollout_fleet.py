@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import ray
 
+from rlflow.errors import RunFailed
 from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import RuntimeDispatch
@@ -272,9 +273,11 @@ class RolloutFleet:
         inst.alive, inst.ref, inst.left_t = False, None, time.monotonic()
         self.log(f"rollout instance {self.stage}-{inst.index} died ({type(err).__name__}); "
                  f"re-routing its {len(inst.running)} trajectories")
-        if not any(i.alive for i in self.instances):
-            raise RuntimeError(f"every instance of rollout stage '{self.stage}' has died; nothing can generate "
-                               "its tasks (see the Ray logs above)")
+        if not any(i.alive for i in self.instances):  # a lost node, most often: a named stop, not a bug in rlflow
+            raise RunFailed(f"every instance of rollout stage '{self.stage}' has died (the last: {type(err).__name__}; "
+                            "a lost node, or an engine that crashed: see the Ray logs above), so nothing can generate "
+                            "its tasks; rlflow run --resume continues from the checkpoint the run saves now, once the "
+                            "cluster can place the stage again")
         orphans, inst.running = list(inst.running.values()), {}
         self.coordination.orphaned(inst, orphans)
         inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None

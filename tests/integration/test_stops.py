@@ -1,8 +1,11 @@
 """Runs that would never end stop by name, on the real stack: every group filtered (exit 3 from NoProgress, with a
-checkpoint); a train step that is not finite (exit 3, its weights neither published nor saved)."""
+checkpoint); a train step that is not finite (exit 3, its weights neither published nor saved); every rollout
+instance lost (exit 3, with the checkpoint the live trainer can write)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,30 @@ def test_a_step_that_makes_the_weights_non_finite_stops_the_run_unsaved(ray_clus
            "stage's lr" in str(err)
     assert run.trainer_dead and run.saved_step is None and run.counts["nonfinite_steps"] == 1
     assert run.weights.version == 0  # rollouts never saw the poisoned weights
+
+
+def test_losing_every_rollout_instance_stops_with_a_checkpoint(ray_cluster, workdir):
+    """The rollout node lost (here its one instance killed after step 1, as a lost node kills it): a named stop,
+    exit 3, with a checkpoint of the live trainer; once it was a RuntimeError, "a bug in rlflow"."""
+    import ray
+
+    from rlflow.runtime.driver import Run
+
+    plan = runs.plan_for("quickstart", "stages.train.steps=50", "stages.train.checkpoint_every=0")
+    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None)
+    killed = []
+
+    def kill_after_step_1():
+        deadline = time.monotonic() + 300
+        while run.step < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        killed.append(run.step)
+        ray.kill(run.fleets[0].instances[0].handle, no_restart=True)
+
+    threading.Thread(target=kill_after_step_1, daemon=True).start()
+    with pytest.raises(RunFailed) as e:
+        run.run()
+    assert killed and killed[0] >= 1
+    assert "every instance of rollout stage 'rollout' has died (the last: ActorDiedError" in str(e.value)
+    assert "rlflow run --resume continues from the checkpoint the run saves now" in str(e.value)
+    assert not run.trainer_dead and run.saved_step == run.step >= 1
