@@ -56,7 +56,8 @@ def embedded_resources(plan: dict) -> dict[str, float]:
 def check_cluster(plan: dict, nodes: list[dict], where: str) -> None:
     """Run start: PipelineInvalid (exit 2) naming stages.<name>.resources when no alive node of `nodes` (Ray's
     `ray.nodes()`) offers a resource a stage needs per actor, or the cluster offers less than all its actors
-    together need."""
+    together need; naming resources.num_cpus / num_gpus when its alive nodes hold fewer CPUs or GPUs than the plan
+    (a resume on a cluster that lost a node would otherwise wait for a placement it can never get)."""
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
     wanted = requests(plan)
     total: dict[str, float] = {}
@@ -79,5 +80,13 @@ def check_cluster(plan: dict, nodes: list[dict], where: str) -> None:
                                         f"{total[key]:g} (stage '{stage}': {n} x {amount:g})", "unplaceable",
                                         f"add nodes offering '{key}', lower the stage's replicas or concurrency, or "
                                         f"lower stages.{stage}.resources.{key}"))
+    for key, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):  # a cluster that lost a node: fail now, not wait
+        need, offered = plan["resources"][field], sum(node.get(key, 0.0) for node in alive)
+        if need > offered + 1e-9:
+            problems.append(Problem(("resources", field), f"{where} offers {offered:g} {key}(s) on its {len(alive)} alive "
+                                    f"node(s), but the plan's actors need {need:g} at once: they could never all be "
+                                    "placed (a node lost?)", "unplaceable",
+                                    f"add nodes (or bring the lost one back) with {need - offered:g} more {key}(s), or lower "
+                                    "the stages' replicas or num_cpus / num_gpus and compile again"))
     if problems:
         raise PipelineInvalid(plan["source"], problems)

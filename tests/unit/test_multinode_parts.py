@@ -126,7 +126,20 @@ def test_stage_resources_are_lowered_into_the_plan():
 
 
 def node(**resources):
-    return {"Alive": True, "Resources": {"CPU": 1.0, "memory": 1e9, "node:127.0.0.1": 1.0, **resources}}
+    return {"Alive": True, "Resources": {"CPU": 2.0, "memory": 1e9, "node:127.0.0.1": 1.0, **resources}}
+
+
+def test_a_cluster_that_lost_a_node_is_unplaceable_at_once():
+    """--resume after losing a node: the alive nodes hold fewer CPUs than the plan's actors need (2.45 here), so
+    the run fails at once by name instead of waiting for a placement the cluster can never give."""
+    plan = placed_plan()
+    placement.check_cluster(plan, [node(), node()], "the cluster")  # 4 CPUs: fits
+    with pytest.raises(PipelineInvalid) as err:
+        placement.check_cluster(plan, [node(), {**node(), "Alive": False}], "the cluster")
+    (p,) = err.value.problems
+    assert p.rule == "unplaceable" and p.loc == ("resources", "num_cpus")
+    assert "the cluster offers 2 CPU(s) on its 1 alive node(s), but the plan's actors need 2.45 at once" in p.message
+    assert "(a node lost?)" in p.message and "0.45 more CPU(s)" in p.fix
 
 
 def test_cluster_without_the_resource_fails_naming_the_stage():
