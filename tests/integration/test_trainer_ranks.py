@@ -50,7 +50,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
     try:
         ray.get(leader.ready.remote(), timeout=300)
         if load_from:
-            ray.get(leader.load.remote(str(load_from)), timeout=300)
+            ray.get(leader.load.remote(str(load_from), "step-1"), timeout=300)
         version = 1 if load_from else 0
 
         def weights(v):
@@ -62,7 +62,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
         rewards = {t.traj_id: t.reward for t in trajs}
         metrics = ray.get(leader.train.remote(list(rewards), rewards, GROUP, version), timeout=300)
         if save_to:
-            ray.get(leader.save.remote(str(save_to), {"step": 1}), timeout=300)
+            ray.get(leader.save.remote(str(save_to), "step-1", {"step": 1}), timeout=300)
         after = {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}
         return before, after, metrics
     finally:
