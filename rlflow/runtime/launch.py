@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.placement import check_cluster, embedded_resources
-from rlflow.runtime import run_lock
+from rlflow.runtime import reaper, run_lock, stop_signal
 
 RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
@@ -245,6 +245,7 @@ def launch(plan: dict, *, resume: bool | str = False, address: str | None = None
     from rlflow.runtime.run_clock import RunClock
 
     clock = RunClock()  # the start-up timeline counts from here (run_clock.py)
+    stop_signal.grace_s()  # a bad RLFLOW_STOP_GRACE_S exits 2 now, not when SIGTERM comes
     run_dir = find_run(plan, LATEST if resume is True else resume, root, log=log) if resume else None
     with ExitStack() as owned:
         if run_dir is not None:  # before anything starts: a run in use is refused at no cost
@@ -294,6 +295,8 @@ def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume
             ray.init(num_cpus=cluster["num_cpus"] or _logical_cpus(plan), num_gpus=cluster["num_gpus"],
                      resources=embedded_resources(plan) or None, include_dashboard=False, runtime_env=env,
                      log_to_driver=True)
+            # Ray's agents outlive a killed driver by a minute or more; the reaper ends them (reaper.py)
+            owned.callback(reaper.stop, reaper.start(ray.get_runtime_context().get_node_id()))
     importing.join(IMPORT_TIMEOUT_S)
     if importing.is_alive():
         log(f"transformers and MLflow still importing after {IMPORT_TIMEOUT_S:g} s (a slow disk?); going on")

@@ -36,6 +36,7 @@ class StoppedAgain(KeyboardInterrupt):
 
 
 def grace_s() -> float:
+    """The grace after SIGTERM; PipelineInvalid (exit 2) for a bad RLFLOW_STOP_GRACE_S (launch checks it first)."""
     raw = os.environ.get(GRACE_ENV)
     if raw is None:
         return STOP_GRACE_S
@@ -43,8 +44,13 @@ def grace_s() -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{GRACE_ENV}={raw!r}: want a number of seconds > 0 (the default is {STOP_GRACE_S:g})")
+    if not value > 0 or value == float("inf"):
+        from rlflow.errors import PipelineInvalid, Problem
+
+        raise PipelineInvalid("environment", [Problem(
+            (GRACE_ENV,), f"{GRACE_ENV}={raw!r} is not a number of seconds > 0", "stop-grace",
+            f"give the seconds a stop after SIGTERM may take (e.g. the orchestrator's grace), or unset it for "
+            f"{STOP_GRACE_S:g} s")])
     return value
 
 
