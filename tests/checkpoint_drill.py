@@ -143,6 +143,19 @@ def fault(model_dir: str, run_dir: Path, point: str) -> dict:
                        "partial_existed": before is not None})
 
 
+def branch(model_dir: str, run_dir: Path) -> dict:
+    """A save killed before publishing leaves step-4 complete but unpublished; the resume from step-2 trains steps 3-4
+    again on groups generated again (step-4.1). When step-6 and step-4.1 are then damaged, the fallback must take
+    step-2, not step-4: its weights were trained on the discarded history's groups."""
+    fault(model_dir, run_dir, "pointer_staged")
+    ckpt = run_dir / checkpoint.CHECKPOINT_DIR
+    for tag in (f"step-{STEPS}", f"step-{CRASH_STEP}.1"):
+        (ckpt / tag / "mp_rank_00_model_states.pt").write_bytes(b"")
+    run = MiniRun(model_dir, run_dir, fresh=False)
+    out = run.resume()
+    return {**out, "log": run.log, "abandoned": sorted(checkpoint.abandoned(ckpt))}
+
+
 def damaged(model_dir: str, run_dir: Path, how: str) -> dict:
     """A whole run to CRASH_STEP (checkpoints at 2 and 4), the newest checkpoint damaged `how`, then resumed."""
     run = MiniRun(model_dir, run_dir, fresh=True)
@@ -231,6 +244,8 @@ def scenario(name: str, model_dir: str, run_dir: Path) -> dict:
     if kind == "fault":
         assert arg in POINTS, arg
         return fault(model_dir, run_dir, arg)
+    if kind == "branch":
+        return branch(model_dir, run_dir)
     if kind == "damaged":
         return damaged(model_dir, run_dir, arg)
     if kind == "disagree":

@@ -30,7 +30,9 @@ ledger deleted the payloads of groups trained at steps <= S, but `Ledger.resume(
 trained after S' back to open, restores those whose payload it still has (and whose tokens the S' weights made),
 and lists every other one for replay from its recorded prompt, first, under its own group id. So the groups of
 steps S'+1..S are generated again by the restored weights and trained once more in the history that counts; the
-steps themselves are trained again (their MLflow rows are logged again).
+steps themselves are trained again (their MLflow rows are logged again). The tags of steps S' and later other than
+the one resumed from now hold weights of a discarded history (trained on groups the ledger generates again): they
+go into checkpoint/abandoned.json and no later fallback takes them.
 
 A run directory from an rlflow before this layout (state.json without a tag, checkpoint/latest) is resumed from
 the tag `latest` names, loaded by name, when the step DeepSpeed saved there agrees with state.json; otherwise it is
@@ -53,6 +55,7 @@ STATE_FILE = "state.json"  # in the run directory: the published checkpoint
 CHECKPOINT_DIR = "checkpoint"
 TAG_STATE = "rlflow_state.json"
 MANIFEST = "rlflow_manifest.json"
+ABANDONED = "abandoned.json"  # in checkpoint/: tags of a history a resume discarded (never resumed from again)
 
 
 class CheckpointDamaged(Exception):
@@ -176,9 +179,9 @@ def candidates(out_dir: Path, published: dict | None, log) -> list[tuple[str, st
     ckpt = Path(out_dir) / CHECKPOINT_DIR
     first = (published or {}).get("checkpoint") or {}
     bound = published["step"] if published else None
-    older, incomplete, newer = [], [], []
+    older, incomplete, newer, gone = [], [], [], abandoned(ckpt)
     for d in sorted(ckpt.iterdir()) if ckpt.is_dir() else []:
-        if not d.is_dir() or d.name == first.get("tag"):
+        if not d.is_dir() or d.name == first.get("tag") or d.name in gone:
             continue
         step = _manifest_step(d)
         if step is None:
@@ -193,6 +196,29 @@ def candidates(out_dir: Path, published: dict | None, log) -> list[tuple[str, st
             log(f"checkpoint: not resuming from {', '.join(names)} in {ckpt} ({why})")
     ordered = [(first["tag"], first.get("manifest_sha256"))] if first.get("tag") else []
     return ordered + [(name, None) for _, _, name in sorted(older, reverse=True)]
+
+
+def abandoned(ckpt: Path) -> set[str]:
+    try:
+        return set(json.loads((ckpt / ABANDONED).read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def _abandon(ckpt: Path, resumed: str, step: int, log) -> None:
+    """After a resume from `resumed` (step `step`): every other complete tag at `step` or later holds weights of a
+    history this resume discards (trained past `step` on groups the ledger now generates again), so no later
+    fallback may take it. Listed in checkpoint/abandoned.json, not deleted."""
+    gone = abandoned(ckpt)
+    new = sorted(d.name for d in ckpt.iterdir() if d.is_dir() and d.name != resumed and d.name not in gone
+                 and (_manifest_step(d) if _manifest_step(d) is not None else -1) >= step)
+    if not new:
+        return
+    tmp = ckpt / (ABANDONED + ".tmp")
+    _write_durably(tmp, json.dumps(sorted(gone | set(new))).encode())
+    tmp.replace(ckpt / ABANDONED)
+    log(f"checkpoint: {', '.join(new)} left out of this run from now on (a history after step {step} that this resume "
+        f"discards); listed in {ckpt / ABANDONED}, not deleted")
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -223,6 +249,7 @@ def load(out_dir: Path, trainer: Trainer, *, source: str, log: Callable[[str], N
             log(f"checkpoint {tag} is damaged ({err}); trying the previous complete checkpoint")
             continue
         agree(tag, state, loaded)
+        _abandon(ckpt, tag, state["step"], log)
         if damaged:
             log(f"resuming from checkpoint {tag} (step {state['step']}), not the newest: {'; '.join(damaged)}. The steps "
                 f"after {state['step']} are trained again; the ledger generates their groups again from their prompts")

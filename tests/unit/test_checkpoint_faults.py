@@ -21,7 +21,7 @@ from rlflow.runtime.fault_points import FAULT_EXIT, POINTS
 TESTS = Path(__file__).resolve().parents[1]
 PUBLISHED = POINTS.index("published")  # a kill from this point on leaves the new checkpoint published
 SCENARIOS = (["reference"] + [f"fault:{p}" for p in POINTS] + ["damaged:truncated", "damaged:missing",
-             "damaged:unloadable", "disagree:new", "disagree:old", "old_layout"])
+             "damaged:unloadable", "disagree:new", "disagree:old", "old_layout", "branch"])
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,8 @@ def test_a_save_killed_at_each_write_point_resumes_training_every_step_once(dril
         assert r["tags_after"] == [f"step-{CRASH_STEP}.1", f"step-{STEPS}"]
         assert any(f"tag step-{CRASH_STEP} already exists" in m and f"writing step-{CRASH_STEP}.1 instead" in m
                    for m in r["log"]), r["log"]
+        if point in ("manifest_written", "pointer_staged"):  # complete, never published: out of this run's history
+            assert any(m.startswith(f"checkpoint: step-{CRASH_STEP} left out of this run") for m in r["log"]), r["log"]
     else:
         assert r["tags_after"] == [f"step-{STEPS}"]
     assert r["published"] == f"step-{STEPS}"
@@ -91,6 +93,18 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(dr
     assert r["restore"] == [] and r["replay"] == [f"prompt {s}" for s in range(older + 1, CRASH_STEP + 1)]
     trained_once(r, drill["reference"])
     assert r["tags_after"] == [f"step-{CRASH_STEP}.1", f"step-{STEPS}"]  # the damaged tag is left as it was
+
+
+def test_a_fallback_never_takes_a_checkpoint_of_a_discarded_history(drill):
+    """step-4 was complete but never published when the save was killed; the resume from step-2 discarded it (its
+    weights were trained on groups the ledger then generated again). With step-6 and step-4.1 damaged, the fallback
+    goes to step-2, not to step-4."""
+    r = drill["branch"]
+    assert r["step"] == CRASH_STEP - CHECKPOINT_EVERY, r["log"]
+    assert r["abandoned"] == [f"step-{CRASH_STEP}", f"step-{CRASH_STEP}.1", f"step-{STEPS}"]
+    assert any(m.startswith(f"checkpoint step-{STEPS} is damaged") for m in r["log"])
+    assert any(m.startswith(f"checkpoint step-{CRASH_STEP}.1 is damaged") for m in r["log"])
+    assert not any(m.startswith(f"checkpoint step-{CRASH_STEP} is") for m in r["log"])  # never even tried
 
 
 def test_a_unit_whose_state_and_trainer_checkpoint_disagree_is_refused(drill):
