@@ -329,6 +329,10 @@ def _export(args) -> int:
     from rlflow.runtime.launch import locate_run
 
     run_dir = locate_run(args.run, command="rlflow export")
+    if not args.output:  # the run writes its own export/ when it ends: not both at once
+        from rlflow.runtime.run_lock import refuse_if_held
+
+        refuse_if_held(run_dir, source="rlflow export", then="and export then, or now with --output DIR")
     ckpt = run_dir / checkpoint.CHECKPOINT_DIR
     found = checkpoint.newest(run_dir, log=lambda m: print(f"rlflow export: {m}", file=sys.stderr))
     if found is None:

@@ -120,16 +120,8 @@ def acquire(run_dir: Path, *, source: str = "rlflow run", log=print) -> RunLock:
             if err.errno in UNSUPPORTED:
                 raise _unsupported(path, err, source) from None
             raise
-        deadline, holder = time.monotonic() + READ_RETRY_S, _read(path)
-        while holder is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            holder = _read(path)
-        pid = holder.get("pid") if holder else None
-        raise PipelineInvalid(source, [Problem(
-            ("run directory",), f"run {Path(run_dir).name} ({run_dir}) is in use by {_describe(holder, path)}",
-            "run-in-use", "wait for that run to end, or stop it"
-            + (f" (Ctrl-C there, or `kill -TERM {pid}`, saves a checkpoint)" if pid else "")
-            + " and then resume it; to train alongside it, start a new run (rlflow run without --resume)")]) from None
+        raise _in_use(run_dir, source, "and then resume it; to train alongside it, start a new run (rlflow run "
+                      "without --resume)") from None
     dead = _read(path)
     if dead:
         log(f"taking over run directory {run_dir}: its last owner, process {dead.get('pid')} on host "
@@ -138,6 +130,25 @@ def acquire(run_dir: Path, *, source: str = "rlflow run", log=print) -> RunLock:
     os.pwrite(fd, json.dumps(_me()).encode(), 0)
     os.fsync(fd)
     return RunLock(path, fd)
+
+
+def _in_use(run_dir: Path, source: str, then: str) -> PipelineInvalid:
+    path = Path(run_dir) / LOCK_FILE
+    deadline, holder = time.monotonic() + READ_RETRY_S, _read(path)
+    while holder is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        holder = _read(path)
+    pid = holder.get("pid") if holder else None
+    return PipelineInvalid(source, [Problem(
+        ("run directory",), f"run {Path(run_dir).name} ({run_dir}) is in use by {_describe(holder, path)}",
+        "run-in-use", "wait for that run to end, or stop it"
+        + (f" (Ctrl-C there, or `kill -TERM {pid}`, saves a checkpoint)" if pid else "") + f" {then}")])
+
+
+def refuse_if_held(run_dir: Path, *, source: str, then: str) -> None:
+    """For a command that would write into a run's directory: PipelineInvalid (run-in-use) while a run holds it."""
+    if holder(run_dir) is not None:
+        raise _in_use(run_dir, source, then)
 
 
 def holder(run_dir: Path) -> dict | None:

@@ -152,3 +152,14 @@ def test_two_runs_creating_one_mlflow_store_both_succeed(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     ids = {line.split()[1] for out in outs for line in out.splitlines() if line.startswith("tracked ")}
     assert len(ids) == 2, outs  # two MLflow runs in the one store
+
+
+def test_rlflow_export_into_a_running_runs_directory_is_refused(held, capsys):
+    """The run writes its own export/ when it ends; `rlflow export RUN` into the same place waits for it to end."""
+    run_dir, proc = held
+    (run_dir / "run.json").write_text("{}")
+    assert main(["export", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "[run-in-use]" in err and f"process {proc.pid}" in err and "now with --output DIR" in err, err
+    main(["export", str(run_dir), "--output", str(run_dir.parent / "elsewhere")])  # reading it is fine
+    assert "[run-in-use]" not in capsys.readouterr().err
