@@ -106,9 +106,11 @@ def start(node_id: str) -> subprocess.Popen | None:
     if not os.path.isdir("/proc/self"):
         return None
     given = " ".join(f"{pid}:{t}" for pid, t in children(os.getpid()))
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where rlflow imports from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)}
     return subprocess.Popen([sys.executable, "-m", "rlflow.runtime.reaper", node_id, str(os.getpid()), given],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-                            close_fds=True)
+                            close_fds=True, env=env)
 
 
 def stop(proc: subprocess.Popen | None, timeout_s: float = REAP_GRACE_S + 2 * TERM_WAIT_S) -> None:
