@@ -105,6 +105,27 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
     return None if seen else no_rows_problem(shown)
 
 
+def head_rows(path: str | Path, fields: tuple[str, str], rows: int | None = None) -> list[tuple[str, dict]]:
+    """("'p.jsonl' line 7", row) for the usable rows among the first `rows` (default HEAD_ROWS) of a .jsonl /
+    .parquet file; [] for a .json array file (parsed whole by the stream). head_problem names the unusable ones."""
+    rows, path = rows or HEAD_ROWS, str(path)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        file = pq.ParquetFile(path)
+        if file.metadata.num_rows == 0:
+            return []
+        batch = next(file.iter_batches(batch_size=rows, columns=list(fields)))
+        found = [(f"'{path}' row {i + 1}", row) for i, row in enumerate(batch.to_pylist())]
+    else:
+        found = []
+        for number, row in _json_lines(path):
+            if row is _ARRAY or len(found) >= rows:
+                break
+            found.append((f"'{path}' line {number}", row))
+    return [(where, row) for where, row in found if isinstance(row, dict) and row_problem(row, fields, where) is None]
+
+
 def first_bad(path: str | Path, fields: tuple[str, str], rule: str) -> str | None:
     """Where the file first breaks `rule` ("'p.jsonl' line 7", "'p.parquet' row 3"): a row_problem rule, or bad-data
     for a line that is not a JSON object; reads the whole file (only on an error path); None if no row does or the

@@ -79,7 +79,7 @@ class Run:
         from transformers import AutoTokenizer
 
         from rlflow.runtime.model import prepare_model
-        from rlflow.runtime.prompt_source import PromptSource, check_sources
+        from rlflow.runtime.prompt_source import PromptSource, check_prompt_lengths, check_sources
         from rlflow.runtime.reward_stream import RewardStream
         from rlflow.runtime.tracking import Tracker
         from rlflow.runtime.trajectory_store import TrajectoryStore
@@ -90,6 +90,11 @@ class Run:
                 sys.path.insert(0, d)
         check_sources(plan["tasks"], plan["source"])  # a bad row in a file's head fails before any actor starts
         model_dir = str(prepare_model(plan, log=self.log))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
+        max_model_len = plan["pipeline"]["model"]["max_model_len"]
+        check_prompt_lengths(plan["tasks"], tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
+                             source=plan["source"])  # an over-long prompt in a file's head, before any actor starts
         self.clock.mark("model")
         actors = {a["role"]: a for a in plan["actors"]}
         self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
@@ -103,8 +108,6 @@ class Run:
             state = checkpoint.load(self.out_dir, self.sink, source=plan["source"], log=self.log)  # falls back, saying so
             self.ledger_before = self.ledger.counts()
             resumed = self.ledger.resume(state["step"])
-        max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.prompts = PromptSource(plan["tasks"], tokenizer, max_new_tokens=max_new,
                                     max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
                                     source=plan["source"], skip=resumed.drawn if resumed else None)

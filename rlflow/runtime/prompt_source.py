@@ -18,7 +18,8 @@ import ray
 from ray.data import DataContext
 
 from rlflow import registry
-from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, no_rows_problem, row_problem
+from rlflow.data_head import (READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem,
+                              row_problem)
 from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
 from rlflow.runtime.evaluation import held_out
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
@@ -256,6 +257,34 @@ def check_sources(tasks: dict[str, dict], source: str) -> None:
         _TaskRows(name, spec, 0, source).check_head()
 
 
+def too_long(where: str, prompt: str, n_tokens: int, budget: int, max_model_len: int) -> tuple[str, str, str]:
+    """(message, rule, fix) for a prompt that leaves no room for its completion."""
+    return (f"the prompt at {where} ({prompt[:40]!r}) has {n_tokens} tokens; with max_new_tokens {budget} that exceeds "
+            f"model.max_model_len {max_model_len}", "prompt-too-long",
+            "raise model.max_model_len, lower max_new_tokens, or shorten the prompts")
+
+
+def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: dict[str, int], max_model_len: int,
+                         source: str) -> None:
+    """Every prompt in each file's head fits model.max_model_len with its task's max_new_tokens: `rlflow run` checks
+    this once the model's tokenizer is at hand and before any actor starts (a row past the head is checked when
+    drawn). Exit 2 naming the file's line."""
+    for name, spec in tasks.items():
+        if spec["source"].startswith("builtin:"):
+            continue
+        task = _TaskRows(name, spec, 0, source)
+        fmt, budget = spec.get("prompt_format") or "raw", max_new_tokens[name]
+        for where, row in head_rows(spec["source"], task.fields):
+            prompt = str(row[task.fields[0]])
+            try:
+                ids = encode_prompt(tokenizer, prompt, fmt, spec.get("system_prompt"))
+            except ValueError as err:
+                task.fail(f"cannot format the prompt at {where} as chat: {err}", "no-chat-template",
+                          "use prompt_format: raw, or a model whose tokenizer has a chat template")
+            if len(ids) + budget > max_model_len:
+                task.fail(*too_long(where, prompt, len(ids), budget, max_model_len))
+
+
 class PromptSource:
     """The next prompt for a set of tasks, as {"task", "n", "prompt", "answer", "prompt_ids", "row"}."""
 
@@ -290,9 +319,7 @@ class PromptSource:
         budget = self.max_new_tokens[task]
         if len(ids) + budget > self.max_model_len:
             where = stream.where(lambda r: isinstance(r, dict) and str(r.get(prompt_field)) == prompt, "prompt-too-long")
-            stream.stop(f"the prompt at {where} ({prompt[:40]!r}) has {len(ids)} tokens; with max_new_tokens {budget} "
-                        f"that exceeds model.max_model_len {self.max_model_len}", "prompt-too-long",
-                        "raise model.max_model_len, lower max_new_tokens, or shorten the prompts")
+            stream.stop(*too_long(where, prompt, len(ids), budget, self.max_model_len))
         return {"task": task, "n": n, "prompt": prompt, "answer": answer, "prompt_ids": ids, "row": _plain(row)}
 
     def position(self) -> dict[str, int]:

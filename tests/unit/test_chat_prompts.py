@@ -16,7 +16,7 @@ from rlflow.stages.tiny_model import build_tiny_llama
 from rlflow.compiler import check_pipeline, compile_pipeline
 from rlflow.component_checks import has_chat_template
 from rlflow.errors import PipelineInvalid
-from rlflow.runtime.prompt_source import PromptSource, encode_prompt
+from rlflow.runtime.prompt_source import BadRow, PromptSource, check_prompt_lengths, encode_prompt
 
 CHATML = ("{% for m in messages %}{{ '<s>' + m['role'] + '\n' + m['content'] + '</s>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}")
@@ -77,16 +77,38 @@ def test_prompt_source_formats_each_task_as_its_spec_says(chat_tokenizer, tiny_d
     raw = stub_source(chat_tokenizer).next(["main"])  # a plan without prompt_format: raw, as before
     assert raw["prompt_ids"] == chat_tokenizer("3+4=")["input_ids"]
     plain = transformers.AutoTokenizer.from_pretrained(tiny_dir)
-    with pytest.raises(PipelineInvalid) as e:  # the model changed since compile: named rule, not a traceback
+    with pytest.raises(BadRow) as e:  # the model changed since compile: named rule, not a traceback
         stub_source(plain, prompt_format="chat").next(["main"])
-    assert e.value.problems[0].rule == "no-chat-template"
+    assert e.value.problem.rule == "no-chat-template"
 
 
 def test_chat_counts_against_max_model_len(chat_tokenizer):
     source = stub_source(chat_tokenizer, prompt_format="chat", system_prompt="x " * 200)
-    with pytest.raises(PipelineInvalid) as e:
+    with pytest.raises(BadRow) as e:  # drawn mid-run: a named stop (exit 3), not a traceback
         source.next(["main"])
-    assert e.value.problems[0].rule == "prompt-too-long"
+    assert e.value.problem.rule == "prompt-too-long"
+
+
+def test_an_over_long_prompt_in_the_head_is_named_by_its_line_before_the_run_starts(chat_tokenizer, tmp_path):
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(1200)]
+    rows[6]["prompt"] = "9+" * 100 + "1="  # line 7: about 200 tokens
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def check(**task):
+        check_prompt_lengths({"main": {"source": str(path), **task}}, chat_tokenizer, max_new_tokens={"main": 8},
+                             max_model_len=128, source="p.yaml")
+
+    with pytest.raises(PipelineInvalid) as e:
+        check()
+    p = e.value.problems[0]
+    assert p.rule == "prompt-too-long" and f"'{path}' line 7 " in p.message and p.loc == ("data", "source")
+    rows[6]["prompt"], rows[1100]["prompt"] = "6+1=", rows[6]["prompt"]  # past the head: found when drawn
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    check()
+    with pytest.raises(PipelineInvalid) as e:  # the chat template counts too
+        check(prompt_format="chat", system_prompt="x " * 200)
+    assert e.value.problems[0].rule == "prompt-too-long" and "line 1 " in e.value.problems[0].message
 
 
 # --------------------------------------------------------------------------- compile
