@@ -223,8 +223,8 @@ def trl_python(skip_install: bool) -> Path:
 
 def write_data(scratch: Path) -> tuple[Path, Path]:
     """train.json (the task's rows rlflow trains on) and heldout.jsonl (the first EVAL_N held-out rows)."""
-    from rlflow.runtime.evaluation import held_out, held_out_rows
-    from rlflow.runtime.prompt_source import BUILTIN_TASK_ROWS
+    from rlflow.prompt_rows import BUILTIN_TASK_ROWS, held_out
+    from rlflow.runtime.evaluation import held_out_rows
     from rlflow.stages.tasks import arith
 
     rows = arith(seed=0, count=BUILTIN_TASK_ROWS)

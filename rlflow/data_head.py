@@ -12,48 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlflow.prompt_rows import row_problem
+
 HEAD_ROWS = 1000  # rows checked up front; the stream checks every row it draws
 
 READ_FIX = "check that the file is JSON lines (.jsonl/.json) or Parquet"
 COLUMN_FIX = "set prompt_field / answer_field to the right columns"
 _ARRAY = object()  # _json_lines: the file is one JSON array, not JSON lines
-
-
-def missing(value) -> bool:
-    """No value: absent, null, or a float NaN (how Parquet/pandas often write a null)."""
-    return value is None or (isinstance(value, float) and value != value)
-
-
-def missing_problem(where: str, field: str, what: str) -> tuple[str, str, str]:
-    """A row at `where` lacks its `what` (prompt or answer), held in column `field`."""
-    return (f"{where} has no {what} ({field!r} is missing or null)", f"missing-{what}",
-            f"give every row {'an' if what == 'answer' else 'a'} {what}, or remove the rows without one")
-
-
-def not_text(value, what: str) -> bool:
-    """A prompt must be a string; an answer a string or a number (an answer 4 is the text '4'), never a bool, a list,
-    an object or bytes."""
-    if isinstance(value, str):
-        return False
-    return what == "prompt" or isinstance(value, bool) or not isinstance(value, (int, float))
-
-
-def row_problem(row: dict, fields: tuple[str, str], where: str) -> tuple[str, str, str] | None:
-    """(message, rule, fix) for the first unusable field of a row at `where`: missing-*, *-not-text, empty-*
-    (prompt, then answer); None if the row is usable. The head check (compile, run start), the rows drawn during
-    the run and the held-out rows of an evaluation all judge a row by this."""
-    for field, what in zip(fields, ("prompt", "answer")):
-        value = row.get(field)
-        if missing(value):
-            return missing_problem(where, field, what)
-        if not_text(value, what):
-            kind = "a string or a number" if what == "answer" else "a string"
-            return (f"{where} has {'an' if what == 'answer' else 'a'} {what} that is not text ({field!r} is a "
-                    f"{type(value).__name__})", f"{what}-not-text", f"write every {what} as {kind}")
-        if isinstance(value, str) and not value.strip():
-            return (f"{where} has an empty {what} ({field!r} is {value!r})", f"empty-{what}",
-                    f"give every row {'an' if what == 'answer' else 'a'} {what} with text, or remove the rows without one")
-    return None
 
 
 def column_problem(shown: str, fields: tuple[str, str], columns) -> tuple[str, str, str] | None:

@@ -16,7 +16,6 @@ with several tasks also eval/<task>/... per task.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import time
@@ -24,18 +23,13 @@ from pathlib import Path
 
 import ray
 
+from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
+
 EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
 BUCKETS = ("short", "medium", "long")
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
-def held_out(prompt: str, fraction: float) -> bool:
-    """Whether a row with this prompt text is in the held-out `fraction` (sha256: stable across processes and
-    Python versions, unlike hash(); equal prompts fall on the same side)."""
-    h = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
-    return h < fraction * 2**64
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, eq. 1,
     in its numerically stable product form). With n == k it is 1 if any sample is correct."""
@@ -119,8 +113,6 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
     over-weight rare prompts; on `repeat` those are the long answers, which cut greedy accuracy from 36% to
     15% at the warm start)."""
     from rlflow import registry
-    from rlflow.data_head import row_problem
-    from rlflow.runtime.prompt_source import BUILTIN_TASK_ROWS
 
     src, frac = task["source"], task.get("holdout")
     pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
@@ -138,7 +130,7 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
         prompt = str(row[pf])
         if frac is not None and not held_out(prompt, frac):
             continue
-        out.append({"prompt": prompt, "answer": str(row[af]), "row": json.loads(json.dumps(row, default=str))})
+        out.append({"prompt": prompt, "answer": str(row[af]), "row": plain(row)})
         if len(out) >= size:
             break
     return out
@@ -146,8 +138,6 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
 
 def encode(tokenizer, rows: list[dict], prompt_format: str = "raw", system_prompt: str | None = None) -> list[dict]:
     """Prompt ids (exactly as prompt_source.py formats training prompts) and the answer's token length (buckets)."""
-    from rlflow.runtime.prompt_source import encode_prompt
-
     for r in rows:
         r["prompt_ids"] = encode_prompt(tokenizer, r["prompt"], prompt_format, system_prompt)
         r["answer_tokens"] = len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"])

@@ -18,13 +18,11 @@ import ray
 from ray.data import DataContext
 
 from rlflow import registry
-from rlflow.data_head import (READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem,
-                              row_problem)
+from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem
 from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
-from rlflow.runtime.evaluation import held_out
+from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 
-BUILTIN_TASK_ROWS = 4096  # rows generated for a built-in task without a limit
 BATCH_ROWS = 256  # rows per batch fetched into the driver
 BLOCK_BYTES = 1 << 20  # read blocks of about 1 MiB: the driver fetches whole blocks
 # A windowed shuffle, not a global one (iter_batches' local_shuffle_buffer_size/_seed): rows are drawn at random
@@ -75,25 +73,6 @@ def on_this_node() -> dict[str, str]:
     need no copy of it, nor a shared filesystem; only the rows travel, through the object store. (Ray Data's
     `local://` paths do the same but are deprecated in 2.60; `ray.io/node-id` is a default label of every node.)"""
     return {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
-
-
-def encode_prompt(tokenizer, prompt: str, prompt_format: str = "raw", system_prompt: str | None = None) -> list[int]:
-    """A prompt's token ids as the model expects them. raw: the text with the tokenizer's special tokens (<s>);
-    chat: the tokenizer's chat template around it as the user message (after `system_prompt` as a system message),
-    generation prompt added; ValueError when the tokenizer has no chat template."""
-    if prompt_format == "raw":
-        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-    if prompt_format != "chat":
-        raise ValueError(f"unknown prompt_format {prompt_format!r}; use raw or chat")
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    ids = tokenizer.apply_chat_template(messages + [{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
-
-
-def _plain(row: dict) -> dict:
-    """The row as plain JSON types (timestamps and the like become strings)."""
-    return json.loads(json.dumps(row, default=str))
 
 
 class BadRow(RunFailed):
@@ -217,7 +196,7 @@ class _TaskRows:
             self.stop(*problem)
 
     def _check_row(self, row: dict) -> None:
-        """Every row needs a prompt and an answer with text (data_head.row_problem: missing-*, *-not-text, empty-*):
+        """Every row needs a prompt and an answer with text (prompt_rows.row_problem: missing-*, *-not-text, empty-*):
         the run stops naming the row's line, as the head check does."""
         problem = row_problem(row, self.fields, "")
         if problem:
@@ -320,7 +299,7 @@ class PromptSource:
         if len(ids) + budget > self.max_model_len:
             where = stream.where(lambda r: isinstance(r, dict) and str(r.get(prompt_field)) == prompt, "prompt-too-long")
             stream.stop(*too_long(where, prompt, len(ids), budget, self.max_model_len))
-        return {"task": task, "n": n, "prompt": prompt, "answer": answer, "prompt_ids": ids, "row": _plain(row)}
+        return {"task": task, "n": n, "prompt": prompt, "answer": answer, "prompt_ids": ids, "row": plain(row)}
 
     def position(self) -> dict[str, int]:
         """Rows drawn per task so far (a resumed source counts the skipped rows): pass as `skip` to resume."""
