@@ -92,7 +92,7 @@ def transport_actors():
 
     @ray.remote(num_cpus=0)
     class Trainer:
-        """Holds the weights, as rank 0 does, and publishes them (rlflow/runtime/weight_sync.py publish)."""
+        """Holds the weights, as rank 0 does, and publishes them (rlflow/runtime/parameter_server.py publish)."""
 
         def __init__(self, size: str, dtype: str):
             import torch
@@ -106,7 +106,7 @@ def transport_actors():
 
         def publish(self, params, version: int, transport: str) -> dict:
             from rlflow.runtime.weight_link import open_link
-            from rlflow.runtime.weight_sync import publish
+            from rlflow.runtime.parameter_server import publish
             from rlflow.stages.weight_buckets import module_buckets, module_layouts
 
             if transport == "collective" and transport not in self.links:
@@ -136,7 +136,7 @@ def transport_actors():
             self.params = build_model(size, dtype).state_dict()
 
         def pull(self, published) -> tuple[str, float]:
-            from rlflow.runtime.weight_sync import pull_buckets
+            from rlflow.runtime.parameter_server import pull_buckets
             from rlflow.stages.engine_hf import load_into
 
             t0 = time.perf_counter()
@@ -160,7 +160,7 @@ def transport_actors():
 def measure_transport(size: str, repeat: int, dtype: str = "bfloat16") -> list[dict]:
     import ray
 
-    from rlflow.runtime.weight_sync import ParameterServer
+    from rlflow.runtime.parameter_server import ParameterServer
 
     Trainer, Instance = transport_actors()
     trainer, instance = Trainer.remote(size, dtype), Instance.remote(size, dtype)

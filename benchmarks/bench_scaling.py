@@ -35,9 +35,9 @@ def bench_trainer(ray, model_dir: str, world: int, batches: list[list[dict]]) ->
     """Mean seconds per step over batches[1:] (batches[0] warms up) and completion tokens per step."""
     from ray.util.placement_group import remove_placement_group
 
-    from rlflow.runtime.train_sink import launch_trainer
+    from rlflow.runtime.trainer_worker import launch_trainer
     from rlflow.runtime.trajectory_store import TrajectoryStore
-    from rlflow.runtime.weight_sync import ParameterServer
+    from rlflow.runtime.parameter_server import ParameterServer
 
     store, params = TrajectoryStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, DEEPSPEED, TRAINER, store, params, world_size=world,

@@ -159,7 +159,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
 
 
 def weight_transport(spec: Pipeline) -> dict:
-    """How versions leave the trainer (rlflow/runtime/weight_sync.py): the weight_sync edges' transport (they agree:
+    """How versions leave the trainer (rlflow/runtime/parameter_server.py): the weight_sync edges' transport (they agree:
     rule weight-transports-differ) resolved, and the bucket size. auto is the object store: measured on one node
     here (benchmarks/bench_scale.py), a version costs about half what it costs over the gloo links, and on a GPU both
     stage through host memory until an NCCL transport exists; `collective` is there to be chosen."""

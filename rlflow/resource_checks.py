@@ -3,7 +3,7 @@
 A request the cluster cannot hold would otherwise leave an actor or the trainer's placement group pending
 until a start-up timeout. Checked here only what is known at compile time: the embedded local cluster's
 declared `resources.num_cpus` (a cluster joined with `--address` is checked when the run places the trainer,
-train_sink.py, rule cluster-too-small there too); GPUs are the device rules' (rlflow/devices.py). An elastic rollout
+trainer_worker.py, rule cluster-too-small there too); GPUs are the device rules' (rlflow/devices.py). An elastic rollout
 stage counts at its max_replicas: the embedded cluster has no autoscaler, so an instance it cannot place would only
 wait out its start_timeout_s.
 """

@@ -386,7 +386,7 @@ class VLLMEngine(RolloutEngine):
         for name, t in extras.items():
             total.add(name, embed if embed is not None else t)
         loaded = {"version": version, "checksum": total.hexdigest()}
-        if report["missing"]:  # the driver fails the run on it (weight_sync.verify_loaded)
+        if report["missing"]:  # the driver fails the run on it (parameter_server.verify_loaded)
             loaded["missing"] = report["missing"]
         self._version = version
         for req in self._requests.values():

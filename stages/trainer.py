@@ -2,7 +2,7 @@
 
 The loss math lives in stages/grpo.py, micro-batch layouts (padded, packed) in stages/packing.py, chunked
 log-probs in stages/logprobs.py; this module is plumbing: the DeepSpeed engine, weights and checkpoints. With N
-data-parallel ranks (one process each, joined in one process group by rlflow/runtime/train_sink.py), each rank
+data-parallel ranks (one process each, joined in one process group by rlflow/runtime/trainer_worker.py), each rank
 trains a shard of the batch cut by stages/batch_shards.py; `train_step` is the one-rank case of `train_shard`.
 """
 
@@ -41,7 +41,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _init_distributed() -> None:
-    """Join (or create) the process group DeepSpeed needs: the ranks' launcher (train_sink.py) sets RANK,
+    """Join (or create) the process group DeepSpeed needs: the ranks' launcher (trainer_worker.py) sets RANK,
     WORLD_SIZE and MASTER_ADDR/PORT; a process on its own gets a world of one on a free port."""
     import deepspeed
     import deepspeed.comm as ds_comm

@@ -7,7 +7,7 @@ byte offsets) travels ahead of the data, so a receiver can allocate, unpack and 
 Nothing here holds the whole model in one copy: `module_buckets` gathers (ZeRO-3) and yields one bucket's
 tensors at a time, as the trainer holds them (bf16 stays bf16: no fp32 conversion), and the tensors are
 valid only until the next bucket is asked for. The same layout serves every transport (rlflow/runtime/
-weight_sync.py): the object store puts one bucket per object; the collective link sends one packed buffer
+parameter_server.py): the object store puts one bucket per object; the collective link sends one packed buffer
 per bucket.
 """
 

@@ -37,7 +37,7 @@ from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
 from rlflow.runtime.train_sink import TrainSink
 from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, STALL_FACTOR, ProgressCheck, RunStalled, Watchdog
-from rlflow.runtime.weight_sync import WeightSync
+from rlflow.runtime.parameter_server import ParameterServerHandle
 
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
 CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
@@ -98,7 +98,7 @@ class Run:
         self.clock.mark("model")
         actors = {a["role"]: a for a in plan["actors"]}
         self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
-        self.weights = WeightSync(actors["parameter_server"], CALL_TIMEOUT_S)
+        self.weights = ParameterServerHandle(actors["parameter_server"], CALL_TIMEOUT_S)
         self.sink = TrainSink(plan, model_dir=model_dir, store=self.store, params=self.weights.server)
         self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
         self.buffer = Buffer(self.control, self.store, self.ledger, self.counts, self._abort_group, log=self.log)

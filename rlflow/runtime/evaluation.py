@@ -270,8 +270,8 @@ class Evaluator:
         return True
 
     def evaluate(self, version: int, published) -> dict:
-        """Metrics of weights `version` (a weight_sync.Published); the weights are loaded first, and checked."""
-        from rlflow.runtime.weight_sync import pull_buckets
+        """Metrics of weights `version` (a parameter_server.Published); the weights are loaded first, and checked."""
+        from rlflow.runtime.parameter_server import pull_buckets
 
         loaded = self.engine.load_weights(pull_buckets(published), version)
         if loaded["checksum"] != published.checksum:
@@ -314,7 +314,7 @@ class Evaluations:
         return final or (self.every > 0 and step % self.every == 0)
 
     def submit(self, step: int, published, submit) -> None:
-        """Evaluate the weights `published` (weight_sync.Published) as those of `step`; `submit(ref, tag)` hands
+        """Evaluate the weights `published` (parameter_server.Published) as those of `step`; `submit(ref, tag)` hands
         the future to the driver's event queue."""
         ref = self.actor.evaluate.remote(published.version, published)
         self.pending[step] = ref

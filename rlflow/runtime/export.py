@@ -131,7 +131,7 @@ class RunExports:
         self.jobs: list = []
 
     def _write(self, published, step: int, out: Path) -> Path:
-        from rlflow.runtime.weight_sync import fetch_state
+        from rlflow.runtime.parameter_server import fetch_state
 
         state = fetch_state(published)  # the one whole copy of the weights, written out
         info = {"pipeline": self.plan["name"], "step": step, "version": published.version,

@@ -23,7 +23,7 @@ from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
 from rlflow.runtime.route_queue import traj_id
-from rlflow.runtime.weight_sync import verify_loaded
+from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.stages.trajectory import member_id
 
 
@@ -39,7 +39,7 @@ class RolloutInstance:
     routes: list = field(default_factory=list)  # commands for the next step
     aborts: list = field(default_factory=list)
     interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
-    pull: object = None  # (version, weight_sync.Published) to load at the next step
+    pull: object = None  # (version, parameter_server.Published) to load at the next step
     pulling: object = None  # the Published the outstanding step loads (its report is checked against it)
     snapshot: dict | None = None  # the worker's report at the end of its last step
     running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)

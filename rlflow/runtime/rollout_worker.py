@@ -15,7 +15,7 @@ import ray
 
 from rlflow import registry
 from rlflow.runtime.model_shipping import local_model_dir
-from rlflow.runtime.weight_sync import pull_buckets
+from rlflow.runtime.parameter_server import pull_buckets
 from rlflow.stages.engine import EngineDied
 
 
@@ -58,7 +58,7 @@ class RolloutWorker:
     def step(self, route: list[dict], abort: list[str], interrupt: list[str], pull) -> dict:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
-        pull: None, or (version, weight_sync.Published) to load before generating. The result's "loaded" is
+        pull: None, or (version, parameter_server.Published) to load before generating. The result's "loaded" is
         then the engine's report of what it loaded ({version, checksum}), which the driver verifies.
         """
         from rlflow.stages.trajectory import Trajectory
@@ -67,7 +67,7 @@ class RolloutWorker:
         if pull is not None:
             version, published = pull
             t1 = time.perf_counter()
-            # bucket by bucket over the plan's transport (weight_sync.py); the engine copies each as it comes
+            # bucket by bucket over the plan's transport (parameter_server.py); the engine copies each as it comes
             loaded = self.engine.load_weights(pull_buckets(published), version)
             pull_s = time.perf_counter() - t1
         episodes, done, interrupted = self.episodes, [], []

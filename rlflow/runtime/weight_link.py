@@ -1,6 +1,6 @@
 """A point-to-point link for weights between two Ray actors: a two-member torch.distributed process group.
 
-The `collective` weight transport (weight_sync.py) moves buckets over these links instead of the object
+The `collective` weight transport (parameter_server.py) moves buckets over these links instead of the object
 store: the trainer's rank 0 sends each version once to the parameter server, which relays it to each
 rollout instance when that instance pulls (Laminar, "relay workers" §4.2: the trainer hands a version off
 once and goes on training; instances pull from the relay whenever the sync strategy says). Gloo carries CPU

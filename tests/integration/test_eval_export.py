@@ -27,7 +27,7 @@ def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, ca
         published = None
 
         def _export(self):
-            from rlflow.runtime.weight_sync import fetch_state
+            from rlflow.runtime.parameter_server import fetch_state
 
             KeepsPublished.published = {k: t.numpy() for k, t in fetch_state(self.weights.ref).items()}
             super()._export()

@@ -40,9 +40,9 @@ def batch(tmp_path_factory):
 def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None):
     """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs`, (save,) and
     return (weights before, weights after, metrics)."""
-    from rlflow.runtime.train_sink import launch_trainer
+    from rlflow.runtime.trainer_worker import launch_trainer
     from rlflow.runtime.trajectory_store import TrajectoryStore
-    from rlflow.runtime.weight_sync import ParameterServer, fetch_state
+    from rlflow.runtime.parameter_server import ParameterServer, fetch_state
 
     store, params = TrajectoryStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, ds_config(stage), KWARGS, store, params, world_size=world_size,

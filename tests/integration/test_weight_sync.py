@@ -72,7 +72,7 @@ def test_publish_then_pull_in_buckets_is_verified_end_to_end(ray_cluster, tiny_d
     import transformers
 
     from rlflow.runtime.weight_link import open_link
-    from rlflow.runtime.weight_sync import WeightSync, fetch_state, publish, verify_loaded
+    from rlflow.runtime.parameter_server import ParameterServerHandle, fetch_state, publish, verify_loaded
     from rlflow.stages.checksum import checksum
     from rlflow.stages.weight_buckets import module_buckets, module_layouts
 
@@ -87,7 +87,7 @@ def test_publish_then_pull_in_buckets_is_verified_end_to_end(ray_cluster, tiny_d
             self.engine = HFEngine(model_dir)
 
         def pull(self, published):
-            from rlflow.runtime.weight_sync import pull_buckets
+            from rlflow.runtime.parameter_server import pull_buckets
 
             return self.engine.load_weights(pull_buckets(published), published.version)
 
@@ -95,7 +95,7 @@ def test_publish_then_pull_in_buckets_is_verified_end_to_end(ray_cluster, tiny_d
             return self.engine.model.get_input_embeddings().weight[0, :4].tolist()
 
     trainer_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
-    sync = WeightSync({"num_cpus": 0}, timeout_s=60)
+    sync = ParameterServerHandle({"num_cpus": 0}, timeout_s=60)
     link = open_link(sync.server) if transport == "collective" else None
     bucket = 64 * 1024  # many buckets, so the order and the joins between them are exercised
     instances = [Instance.remote(tiny_dir) for _ in range(2)]
@@ -126,7 +126,7 @@ def test_a_checksumless_push_is_checksummed_by_the_server(ray_cluster, tiny_dir)
     import ray
     import transformers
 
-    from rlflow.runtime.weight_sync import ParameterServer, Published
+    from rlflow.runtime.parameter_server import ParameterServer, Published
     from rlflow.stages.checksum import checksum
     from rlflow.stages.weight_buckets import as_bytes, module_buckets, module_layouts
 

@@ -157,7 +157,7 @@ def test_hf_engine_in_another_dtype_verifies_against_the_converted_source(model_
 
 # ---------------------------------------------------------------------------------------- the driver's check
 def test_verify_loaded_names_stage_instance_version_and_both_checksums():
-    from rlflow.runtime.weight_sync import Published, verify_loaded
+    from rlflow.runtime.parameter_server import Published, verify_loaded
 
     sent = Published(3, ["ref"], "b2m1:aaaa")
     verify_loaded("rollout", 1, sent, {"version": 3, "checksum": "b2m1:aaaa"})
@@ -172,7 +172,7 @@ def test_verify_loaded_names_stage_instance_version_and_both_checksums():
 
 
 def test_verify_loaded_fails_on_parameters_an_engine_did_not_load():
-    from rlflow.runtime.weight_sync import Published, verify_loaded
+    from rlflow.runtime.parameter_server import Published, verify_loaded
 
     with pytest.raises(RunFailed, match=r"instance 0 loaded weights version 5 but its engine did not load 1 of its"):
         verify_loaded("gen", 0, Published(5, ["ref"], "b2m1:aaaa"),

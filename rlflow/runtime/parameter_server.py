@@ -269,7 +269,7 @@ def verify_loaded(stage: str, instance: int, sent: Published, loaded: dict | Non
                         "load); its rollouts would be trained as that version")
 
 
-class WeightSync:
+class ParameterServerHandle:
     """The driver's handle on the parameter server: the latest published version, its reference and checksum."""
 
     def __init__(self, actor: dict, timeout_s: float):
