@@ -1,4 +1,4 @@
-"""Rollout commands the coordinator issues (staleflow.txt §5.1, Table 1); trajectories are opaque ids."""
+"""Rollout commands the coordinator issues (StaleFlow §5.1, Table 1); trajectories are opaque ids."""
 
 from __future__ import annotations
 

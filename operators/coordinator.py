@@ -1,4 +1,4 @@
-"""The rollout coordinator's snapshot -> command cycle (staleflow.txt §5.2, Algorithm 1; Table 1).
+"""The rollout coordinator's snapshot -> command cycle (StaleFlow §5.2, Algorithm 1; Table 1).
 
 Pure control-plane code: a Coordinator holds the strategies and the speculative state P; cycle() takes a
 snapshot, rejects it unless every issued command has taken effect (Eq. 1), and otherwise applies
@@ -52,7 +52,7 @@ class SpeculativeState:
 
 @dataclass(frozen=True)
 class CoordinationConfig:
-    """Which strategies run, and their knobs (defaults: staleflow.txt §6.1 mu, phi; laminar.txt §5.2 C_max)."""
+    """Which strategies run, and their knobs (defaults: StaleFlow §6.1 mu, phi; Laminar §5.2 C_max)."""
 
     routing: str = "least_loaded"  # least_loaded | cost_model
     sync: str = "greedy"  # greedy | throughput_aware | global | per_instance
@@ -113,7 +113,7 @@ class Coordinator:
         """One pass of Algorithm 1; None if the snapshot is outdated (Eq. 1) and must be discarded.
 
         `lanes` (skew-aware dispatch): (which trajectories, instances they may use) pairs; routing runs
-        once per lane, so long-tail trajectories only reach the long-tail instances (streamrl.txt §5.3).
+        once per lane, so long-tail trajectories only reach the long-tail instances (StreamRL §5.3).
         `owned`: the caller lets the cycle update the snapshot in place instead of on a copy; it changes only the
         instances it issues commands to (the simulator keeps every other instance's snapshot for the next cycle).
         A TS handed over as an `MLQ` keeps its queue order through the cycle (no sort per routing pass).

@@ -1,4 +1,4 @@
-"""StreamRL skew-aware dispatch (streamrl.txt §5.3, Algorithm 2; Eq. 1-2) and LPT order within an instance."""
+"""StreamRL skew-aware dispatch (StreamRL §5.3, Algorithm 2; Eq. 1-2) and LPT order within an instance."""
 
 from __future__ import annotations
 

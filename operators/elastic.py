@@ -1,4 +1,4 @@
-"""Elastic rollout: when to add or remove a rollout instance during a run (streamrl.txt §4.3, "Dynamic adjustment").
+"""Elastic rollout: when to add or remove a rollout instance during a run (StreamRL §4.3, "Dynamic adjustment").
 
 StreamRL monitors δ, the gap between generation and training time per iteration, estimates δ', the generation
 time one more data-parallel unit would save, and adds a unit when δ >= δ'. Rollout instances are decoupled

@@ -1,4 +1,4 @@
-"""Output-length rankers for skew-aware dispatch (streamrl.txt §5.2): an oracle and an online-refit linear model."""
+"""Output-length rankers for skew-aware dispatch (StreamRL §5.2): an oracle and an online-refit linear model."""
 
 from __future__ import annotations
 

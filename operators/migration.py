@@ -1,4 +1,4 @@
-"""Migration strategies: interrupt work on overloaded or long-tail instances (staleflow.txt Algorithm 5; laminar.txt §5.2).
+"""Migration strategies: interrupt work on overloaded or long-tail instances (StaleFlow Algorithm 5; Laminar §5.2).
 
 threshold returns (inst, trajs) to interrupt back to the TS; repack returns (source, destination)
 pairs whose trajectories move together onto the destination, the source then being free to pull.
@@ -85,7 +85,7 @@ def _n_reqs(inst) -> int:
 
 
 def migrate_repack(instances, *, c_max: float, batch_limit: int, **_) -> list[RepackMove]:
-    """Laminar repack (laminar.txt §5.1): plan per weight-version group, every group independently."""
+    """Laminar repack (Laminar §5.1): plan per weight-version group, every group independently."""
     groups: dict[int, list] = {}
     for inst in instances:
         if _n_reqs(inst):

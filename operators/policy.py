@@ -1,4 +1,4 @@
-"""The one interface every staleness-control policy implements (ARCHITECTURE.md §4).
+"""The one interface every staleness-control policy implements (docs/internals/architecture.md, "Control plane").
 
 A policy decides which *group* (the S samples of one prompt; S = 1 for plain trajectories) may
 start generating with which policy version, and which completed groups a training step consumes.
@@ -14,7 +14,7 @@ Lifecycle of one group id, as every executor calls it:
       or filter(gid)     reserved or occupied group removed on purpose (e.g. uniform rewards)
     consume()            a training step takes a batch; trainer version advances by one
 
-Staleness (the one definition, ARCHITECTURE.md §5; StaleFlow's V_buf - V_traj):
+Staleness (the one definition, docs/internals/architecture.md, "Invariants"; StaleFlow's V_buf - V_traj):
     staleness = trainer version when the step that trains the group starts
                 - version of the weights that generated the group's first token.
 eta = 0 is on-policy. A step that starts from version v produces version v + 1.

@@ -1,4 +1,4 @@
-"""Routing strategies: least-loaded (vanilla) and StaleFlow's cost-model waterfall (staleflow.txt §5.3, Algorithm 3).
+"""Routing strategies: least-loaded (vanilla) and StaleFlow's cost-model waterfall (StaleFlow §5.3, Algorithm 3).
 
 A routing strategy is a pure function of a speculative snapshot (instance snapshots it may update in
 place) and the trajectories waiting in the trajectory server; it returns Route commands. Every route
@@ -22,7 +22,7 @@ Reserve = Callable[[object, int], None]
 
 @dataclass(frozen=True)
 class CostModel:
-    """Per-instance throughput model T_i(S) (staleflow.txt Eq. 2) and the KV rule gamma_i (Eq. 3)."""
+    """Per-instance throughput model T_i(S) (StaleFlow Eq. 2) and the KV rule gamma_i (Eq. 3)."""
 
     k1: float
     k2: float
@@ -119,7 +119,7 @@ class MLQ(list):
 
 class MLQView:
     """An MLQ's members that `member` keeps, in queue order, tested lazily: routing stops at the first trajectory
-    it cannot place, so a lane of skew-aware dispatch (streamrl.txt §5.3) never tests the rest of a long TS.
+    it cannot place, so a lane of skew-aware dispatch (StreamRL §5.3) never tests the rest of a long TS.
     `partial`: the partial members already picked out (the MLQ's part for `member`); then only initial ones are
     tested."""
 
@@ -189,7 +189,7 @@ def _emit(routes: dict[int, list]) -> list[Route]:
 
 
 class _GainTable:
-    """One version group's Eq. 3 gains, ready for the waterfall's max (staleflow.txt Algorithm 3 lines 21-30).
+    """One version group's Eq. 3 gains, ready for the waterfall's max (StaleFlow Algorithm 3 lines 21-30).
 
     Algorithm 3 recomputes every candidate's gain for each trajectory, and interrupted trajectories have
     all-different lengths. Per instance the length-free terms of Eq. 2-3 are kept (one row; only the routed

@@ -1,4 +1,4 @@
-"""What the coordinator sees (staleflow.txt §5.2, Figure 11): per-instance snapshots, TS trajectories, PS version."""
+"""What the coordinator sees (StaleFlow §5.2, Figure 11): per-instance snapshots, TS trajectories, PS version."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class InstanceSnapshot:
     wait_trajs: list = field(default_factory=list)
     complete_trajs: int = 0  # completed since the last pull; only |complete_trajs| enters Eq. 1, so a count
     inst_version: int = 0
-    kv_prev: float | None = None  # kv_cache at the previous snapshot (laminar.txt §5.2, Algorithm 1 line 3)
+    kv_prev: float | None = None  # kv_cache at the previous snapshot (Laminar §5.2, Algorithm 1 line 3)
     # Multi-turn episodes between turns, on their environment (rlflow/runtime/episodes.py). Not in Figure 11:
     # StaleFlow's trajectories are single-turn. They count in accum_traj_num (routed here, not complete), but hold
     # no engine slot or KV, so routing's load and migration (which moves wait_trajs) leave them out: moving one

@@ -1,4 +1,4 @@
-"""Synchronization strategies: which instances Pull now, and which take no new routes (staleflow.txt §5.3, Algorithm 4).
+"""Synchronization strategies: which instances Pull now, and which take no new routes (StaleFlow §5.3, Algorithm 4).
 
 Each is a pure function (instances, ts_trajs, ps_version, ...) -> SyncDecision. The cycle (Algorithm 1
 lines 4-9) interrupts whatever a pulled instance still holds and returns it to the TS, so a pull with

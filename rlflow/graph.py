@@ -1,4 +1,4 @@
-"""Pipeline -> networkx graph, and the rules the graph and its policies must keep (ARCHITECTURE.md §3).
+"""Pipeline -> networkx graph, and the rules the graph and its policies must keep (docs/internals/architecture.md).
 
 Every check appends Problems; nothing raises until all rules ran, so one compile shows every error.
 The rules reject what the runtime cannot run (SHAPES); task-type routing rules are in rlflow/task_routes.py;

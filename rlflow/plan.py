@@ -1,4 +1,4 @@
-"""Validated pipeline -> physical plan: versioned JSON with every default resolved (ARCHITECTURE.md §3).
+"""Validated pipeline -> physical plan: versioned JSON with every default resolved (docs/internals/architecture.md).
 
 The plan names each task type and its route, the Ray actors with their resources and constructor
 arguments, the Ray Data operators, the control-plane policies with their parameters, and the

@@ -35,7 +35,7 @@ def stage_length_law(workload: dict, name: str, max_new_tokens: int) -> tuple[fl
 
 @dataclass(frozen=True)
 class PlanCoordination:
-    """A rollout stage's coordination choices (staleflow.txt §5.3), read once for the simulator and `rlflow run`."""
+    """A rollout stage's coordination choices (StaleFlow §5.3), read once for the simulator and `rlflow run`."""
 
     routing: str  # least_loaded | cost_model
     migration: str  # none | threshold | repack

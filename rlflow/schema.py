@@ -1,4 +1,4 @@
-"""The pipeline file: typed, documented, strict (ARCHITECTURE.md §2).
+"""The pipeline file: typed, documented, strict (docs/internals/architecture.md, "The pipeline file").
 
 Imports pydantic only: validation runs anywhere, fast, without torch, ray, vllm or deepspeed.
 Every field's docstring becomes its description in `rlflow schema` (editor completion).
@@ -188,7 +188,7 @@ class WorkloadSpec(Strict):
 
 
 class CoordinatorSpec(Strict):
-    """StaleFlow-style rollout coordination: strategies applied to each snapshot (staleflow.txt §5)."""
+    """StaleFlow-style rollout coordination: strategies applied to each snapshot (StaleFlow §5)."""
 
     routing: Literal["least_loaded", "cost_model"] = "least_loaded"
     """least_loaded: vanilla; cost_model: StaleFlow's waterfall routing over the cost model."""
@@ -420,7 +420,7 @@ Stage = Annotated[Union[RolloutStage, RewardStage, BufferStage, TrainStage], Fie
 
 
 class Streaming(Strict):
-    """Items flow one by one as soon as they are ready (stream generation, streamrl.txt §4)."""
+    """Items flow one by one as soon as they are ready (stream generation, StreamRL §4)."""
 
     kind: Literal["streaming"]
     filter: str | None = None
@@ -473,7 +473,7 @@ class Unbounded(Strict):
 
 
 class SkewAwareDispatch(Strict):
-    """StreamRL skew-aware dispatch: predicted long-tail prompts go to dedicated instances (streamrl.txt §5)."""
+    """StreamRL skew-aware dispatch: predicted long-tail prompts go to dedicated instances (StreamRL §5)."""
 
     kind: Literal["skew_aware_dispatch"]
     long_tail_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2

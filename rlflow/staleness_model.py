@@ -1,4 +1,4 @@
-"""Closed-form mean staleness under queue-drop (../shared/seeds/staleness-model.md).
+"""Closed-form mean staleness under queue-drop (docs/internals/architecture.md, "The closed-form staleness model").
 
 Pure math, no heavy imports: the compiler calls it to print a prediction next to the plan,
 the simulator's validation compares against it.

@@ -1,4 +1,4 @@
-"""Task types: which rollout and reward stage each task's prompts flow through (ARCHITECTURE.md §7).
+"""Task types: which rollout and reward stage each task's prompts flow through (docs/guides/tasks-and-agents.md).
 
 A task is a named data source (`data.tasks`, or the one task `main` of `data.source`). The `tasks:`
 of a data -> rollout edge picks the tasks that rollout stage generates for; the `tasks:` of a

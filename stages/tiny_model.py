@@ -52,7 +52,7 @@ TASK_SETTINGS = {
     "countdown": TinyLlamaSettings(sft_steps=300, max_new_tokens=16),
     "word_problems": TinyLlamaSettings(sft_steps=300, max_new_tokens=8),
     # 300 steps: greedy passes every hidden test on nearly every prompt. A 40-step warm start (greedy 0.66 held out)
-    # was tried as a starting point for RL and fell to 0.27 in 60 steps (README "Does it learn?").
+    # was tried as a starting point for RL and fell to 0.27 in 60 steps (docs/results/learning.md).
     "code": TinyLlamaSettings(sft_steps=300, max_new_tokens=64),
     # few steps on purpose: a model that sometimes calls the calculator right leaves RL room to improve (held out,
     # with the calculator: 60 steps greedy 18% / sampled 2%, 70: 60% / 15%, 75: 74% / 28%, 80: 83% / 50%);

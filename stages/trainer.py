@@ -227,7 +227,7 @@ class DeepSpeedTrainer:
         if torch.cuda.is_available():  # TF32 tensor cores for fp32 matmuls and convolutions (fp32 accumulation)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-            # The bf16 step measured 8x slower than fp32 on an H100 (README "On a GPU"). Likeliest cause, not yet
+            # The bf16 step measured 8x slower than fp32 on an H100 (docs/guides/gpus.md). Likeliest cause, not yet
             # confirmed on a GPU: PyTorch's cuDNN attention (bf16 only) builds a plan per new input shape (hundreds
             # of ms), and micro-batches change shape every pass. Flash / memory-efficient attention do not.
             torch.backends.cuda.enable_cudnn_sdp(False)

@@ -1,4 +1,4 @@
-"""StreamRL skew-aware dispatch inside `rlflow run` (streamrl.txt §5.2-5.3, Algorithm 2).
+"""StreamRL skew-aware dispatch inside `rlflow run` (StreamRL §5.2-5.3, Algorithm 2).
 
 A length ranker predicts each waiting prompt's output length; Algorithm 2 (operators/dispatch.py)
 marks the predicted-longest alpha of them long-tail and picks the split of the alive instances into

@@ -99,7 +99,7 @@ class RolloutWorker:
             try:
                 turns = self.engine.step()
             except EngineDied as e:
-                # Fault isolation (laminar.txt §3.3, §4.3): this instance leaves; the driver sees the actor die
+                # Fault isolation (Laminar §3.3, §4.3): this instance leaves; the driver sees the actor die
                 # and re-routes its trajectories to the others.
                 print(f"rollout instance {self.instance_id}: {e}; exiting", flush=True)
                 ray.actor.exit_actor()

@@ -272,7 +272,7 @@ class CoordinatedFleet(Fleet):
 
     def _predict(self, groups: list[Group]) -> None:
         """The length ranker's prediction, once per prompt as it arrives (a ranker answers a prompt the same way each
-        time it is asked). A ranker sees the prompt, not its samples (streamrl.txt §5.2; rlflow run's ranker learns
+        time it is asked). A ranker sees the prompt, not its samples (StreamRL §5.2; rlflow run's ranker learns
         (prompt, mean completion length)), so it predicts the group's mean length: exactly for the oracle, times one
         lognormal error for the noisy ranker. Every member carries the group's prediction."""
         noise = self.cfg.ranker_noise if self.cfg.ranker == "noisy" else 0.0
