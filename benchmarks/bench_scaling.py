@@ -4,7 +4,7 @@
 
 Both sides run as `rlflow run` runs them, on a local Ray cluster: the trainer is launch_trainer's
 TrainerWorker ranks (one DeepSpeed process group over gloo, ZeRO-1, the batch split by tokens,
-stages/batch_shards.py), fed from a real TrajectoryStore; the rollout side is RolloutWorker actors
+stages/batch_shards.py), fed from a real PayloadStore; the rollout side is RolloutWorker actors
 (engine `hf`) driven through their step() protocol until idle, the prompts split evenly between them.
 Each rank or instance gets one CPU and one thread. The model is a randomly initialised Llama of
 hidden size H and L layers with the tiny model's tokenizer (bench_engines.model_for), so the work is
@@ -36,10 +36,10 @@ def bench_trainer(ray, model_dir: str, world: int, batches: list[list[dict]]) ->
     from ray.util.placement_group import remove_placement_group
 
     from rlflow.runtime.trainer_worker import launch_trainer
-    from rlflow.runtime.trajectory_store import TrajectoryStore
+    from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.parameter_server import ParameterServer
 
-    store, params = TrajectoryStore.remote(), ParameterServer.remote()
+    store, params = PayloadStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, DEEPSPEED, TRAINER, store, params, world_size=world,
                                        options={"num_cpus": 1, "num_gpus": 0}, source="bench", stage="train")
     try:
@@ -62,10 +62,10 @@ def bench_trainer(ray, model_dir: str, world: int, batches: list[list[dict]]) ->
 def bench_rollout(ray, model_dir: str, instances: int, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, int]:
     """Seconds for `instances` RolloutWorkers to generate one completion per prompt, and the tokens generated."""
     from rlflow.runtime.rollout_worker import RolloutWorker
-    from rlflow.runtime.trajectory_store import TrajectoryStore
+    from rlflow.runtime.payload_store import PayloadStore
     from rlflow.stages.trajectory import Trajectory
 
-    store = TrajectoryStore.remote()
+    store = PayloadStore.remote()
     kwargs = dict(max_running=64, max_new_tokens=max_new_tokens, temperature=1.0, seed=0, max_model_len=256)
     workers = [RolloutWorker.options(num_cpus=1).remote("hf", model_dir, i, kwargs, store) for i in range(instances)]
     try:

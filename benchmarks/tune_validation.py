@@ -341,7 +341,7 @@ def findings(names: list[str], points: dict) -> list[str]:
            "token is decoded, and the next step starts the moment the last one ends): seconds per step minus "
            "the train step's own time is " + ", ".join(f"{gaps[n]:.2f} s ({label[n]})" for n in names)
            + ". " + (f"Where data is always waiting (queue_drop: {', '.join(f'{gaps[n]:.2f} s' for n in queue)}) that is "
-                     "the trainer side alone (batch fetch from the trajectory store, weight publish, the driver's "
+                     "the trainer side alone (batch fetch from the payload store, weight publish, the driver's "
                      "step bookkeeping); the rest, under η bounds, is the rollout→train path: the batch's slowest "
                      "group, scoring through the Ray Data reward stream and the driver's event loop, none of which the "
                      "simulator times. " if queue else "")

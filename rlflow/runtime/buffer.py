@@ -16,7 +16,7 @@ from rlflow.errors import RunFailed
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.policy_kinds import make_policy
 
-PAYLOAD_TIMEOUT_S = 120.0  # the trajectory store hands over a batch of buffered groups' payloads for the ledger
+PAYLOAD_TIMEOUT_S = 120.0  # the payload store hands over a batch of buffered groups' payloads for the ledger
 
 
 class Buffer:
@@ -82,10 +82,10 @@ class Buffer:
         try:
             rows = ray.get(self.store.peek.remote(tids), timeout=PAYLOAD_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise RunFailed(f"the trajectory store did not hand over {len(tids)} buffered payloads in "
+            raise RunFailed(f"the payload store did not hand over {len(tids)} buffered payloads in "
                             f"{PAYLOAD_TIMEOUT_S:.0f} s; rlflow run --resume continues from the last checkpoint") from None
         except ray.exceptions.RayActorError as err:
-            raise RunFailed(f"the trajectory store died ({type(err).__name__}); rlflow run --resume continues from "
+            raise RunFailed(f"the payload store died ({type(err).__name__}); rlflow run --resume continues from "
                             "the last checkpoint (the ledger generates again what it lost)") from None
         by_gid: dict[str, list[dict]] = {}
         for row in rows:

@@ -4,9 +4,9 @@ Everything it creates comes from the plan: the rollout fleets and the trainer fr
 source and reward streams from `data_operators` and `tasks`, the staleness policy and the coordinators
 from `control`. A trajectory's path, one module per hop:
 
-  prompt_source -> rollout_fleet (rollout_coordinator routes, rollout_worker generates)
-  -> trajectory_store -> reward_stream (its task's reward stage) -> buffer -> train_sink
-  -> weight_sync -> back to rollout_fleet;  checkpoint and metrics on the side.
+  prompt_source -> trajectory_server -> rollout_fleet (rollout_coordinator routes, rollout_worker generates)
+  -> payload_store -> reward_stream (its task's reward stage) -> buffer -> train_sink -> trainer_worker
+  -> parameter_server -> back to rollout_fleet;  checkpoint and metrics on the side.
 
 The loop waits on one queue of events — finished step calls (Ray futures), scored groups from the
 reward streams, stream failures — with a timeout: it never polls, and a run in which nothing happens
@@ -82,7 +82,7 @@ class Run:
         from rlflow.runtime.prompt_source import PromptSource, check_prompt_lengths, check_sources
         from rlflow.runtime.reward_stream import RewardStream
         from rlflow.runtime.tracking import Tracker
-        from rlflow.runtime.trajectory_store import TrajectoryStore
+        from rlflow.runtime.payload_store import PayloadStore
 
         plan = self.plan
         for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline
@@ -97,7 +97,7 @@ class Run:
                              source=plan["source"])  # an over-long prompt in a file's head, before any actor starts
         self.clock.mark("model")
         actors = {a["role"]: a for a in plan["actors"]}
-        self.store = TrajectoryStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
+        self.store = PayloadStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
         self.weights = ParameterServerHandle(actors["parameter_server"], CALL_TIMEOUT_S)
         self.sink = TrainSink(plan, model_dir=model_dir, store=self.store, params=self.weights.server)
         self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
@@ -406,7 +406,7 @@ class Run:
         replay, fates = list(resumed.replay), {"restored": [], "regenerate": [], "dropped": []}
         if resumed.restore:  # buffered groups go back as they were: payloads to the store, entries to the policy
             rows = [row for r in resumed.restore for row in r.rows]
-            self._get(self.store.put.remote(rows), CALL_TIMEOUT_S, "the trajectory store to take the restored groups")
+            self._get(self.store.put.remote(rows), CALL_TIMEOUT_S, "the payload store to take the restored groups")
             for r in resumed.restore:
                 fate = self.buffer.restore(r.gid, r.v_traj, r.rewards)
                 fates[fate].append(r)

@@ -1,4 +1,4 @@
-"""One reward stage as a live Ray Data stream: trajectory store -> reward -> group filter -> the driver's queue.
+"""One reward stage as a live Ray Data stream: payload store -> reward -> group filter -> the driver's queue.
 
 The source is a custom Datasource with one read task that pulls complete groups from the store until the store
 ends the stage: no tick budget, so start-up does not depend on the number of training steps. Back-pressure is
@@ -85,12 +85,12 @@ class GroupSource(Datasource):
                     raise RuntimeError(f"the source of reward stage '{stage}' restarted after its worker died")
                 while True:
                     rows = ray.get(store.next_groups.remote(stage, PULL_TIMEOUT_S, MAX_GROUPS_PER_PULL, max_in_flight))
-                    if rows is None:  # the stage was ended: RewardStream.close() or TrajectoryStore.close()
+                    if rows is None:  # the stage was ended: RewardStream.close() or PayloadStore.close()
                         return
                     if rows:
                         yield pa.Table.from_pylist([{"groups": rows}])
             except ray.exceptions.RayError as e:  # re-raised plainly: Ray's own may not deserialize in the driver
-                raise RuntimeError(f"reward stage '{stage}' lost the trajectory store: {type(e).__name__}") from None
+                raise RuntimeError(f"reward stage '{stage}' lost the payload store: {type(e).__name__}") from None
 
         return [ReadTask(pull, BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None))]
 
@@ -260,10 +260,10 @@ class StreamRunner:
         try:
             readers = ray.get(self.store.readers.remote(self.stage), timeout=CLOSE_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - a dead or stuck store is the answer
-            return f"its source ended and the trajectory store does not answer ({type(e).__name__})"
+            return f"its source ended and the payload store does not answer ({type(e).__name__})"
         if len(readers) > 1:
             return f"its source's worker (pid {readers[0]}) died; Ray re-ran it, and the groups it held may be lost"
-        return "its source ended although the stream was not closed (the trajectory store was closed)"
+        return "its source ended although the stream was not closed (the payload store was closed)"
 
     def close(self) -> None:
         """End the stream: the store ends this stage's source, Ray Data finishes, the thread exits."""

@@ -31,7 +31,7 @@ from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
 from rlflow.plan_read import PlanCoordination, load_profile
-from rlflow.runtime.route_queue import RouteQueue, row_tokens, traj_id
+from rlflow.runtime.trajectory_server import TrajectoryServer, row_tokens, traj_id
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
 RESYNC_AFTER = 3  # consecutive rejected snapshots before P is re-read from the snapshot
@@ -47,7 +47,7 @@ class RuntimeCoordinator:
         self.coord = Coordinator(len(instances), pc.config(), cost=cost)
         for inst in instances:  # a resumed run starts by pulling the restored version
             self.coord.P.inst_version[inst.index] = inst.pull[0] if inst.pull else inst.version
-        self.queue = RouteQueue()  # the TS: what waits to be routed
+        self.queue = TrajectoryServer()  # the TS: what waits to be routed
         self.held: dict[str, int] = {}  # tid -> instance whose Route waits for the interrupted trajectory
         n = len(instances)
         self.in_transit: list[set] = [set() for _ in range(n)]  # interrupted, not yet returned by the worker

@@ -5,7 +5,7 @@ Prompts of the stage's tasks are drawn from the prompt source into the coordinat
 cycle (operators/coordinator.py, Algorithm 1) — vanilla least-loaded routing with global or per-instance
 sync included, so there is one routing path. The commands travel in each instance's next step call
 (rollout_worker.py). When every member of a group has finished, the group goes to its task's reward
-stage through the trajectory store, and the buffer learns its V_traj.
+stage through the payload store, and the buffer learns its V_traj.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rlflow.runtime.dispatch_lanes import RuntimeDispatch
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
-from rlflow.runtime.route_queue import traj_id
+from rlflow.runtime.trajectory_server import traj_id
 from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.stages.trajectory import member_id
 

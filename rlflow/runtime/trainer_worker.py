@@ -30,7 +30,7 @@ class TrainerWorker:
 
     Rank 0 leads: the driver talks only to it. It creates ranks 1..N-1 itself (so they share its fate: a
     killed or ended rank 0 takes them down), joins them in one process group, takes each batch from the
-    trajectory store, cuts it into token-balanced shards (stages/batch_shards.py), runs its own shard while
+    payload store, cuts it into token-balanced shards (stages/batch_shards.py), runs its own shard while
     the others run theirs, and publishes the new weights. If another rank dies, rank 0 exits too, so the
     driver sees the trainer die as it does with one rank.
     """

@@ -173,9 +173,9 @@ def stream(reward_fn: str, filter_fn: str | None = None, stage: str = "score"):
     import ray
 
     from rlflow.runtime.reward_stream import RewardStream
-    from rlflow.runtime.trajectory_store import TrajectoryStore
+    from rlflow.runtime.payload_store import PayloadStore
 
-    store = TrajectoryStore.remote()
+    store = PayloadStore.remote()
     rs = RewardStream(store, stage=stage, reward_fn=reward_fn, filter_fn=filter_fn, concurrency=1, num_cpus=0.25)
     out: queue.Queue = queue.Queue()
     rs.start(out)

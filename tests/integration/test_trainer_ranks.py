@@ -41,10 +41,10 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
     """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs`, (save,) and
     return (weights before, weights after, metrics)."""
     from rlflow.runtime.trainer_worker import launch_trainer
-    from rlflow.runtime.trajectory_store import TrajectoryStore
+    from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.parameter_server import ParameterServer, fetch_state
 
-    store, params = TrajectoryStore.remote(), ParameterServer.remote()
+    store, params = PayloadStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, ds_config(stage), KWARGS, store, params, world_size=world_size,
                                        options=options or {"num_cpus": 0.5, "num_gpus": 0}, source="test", stage="train")
     try:

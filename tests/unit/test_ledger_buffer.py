@@ -15,7 +15,7 @@ class Remote:
 
 
 class FakeStore:
-    """The trajectory store's calls the buffer makes, in-process (ray.get is patched to pass values through)."""
+    """The payload store's calls the buffer makes, in-process (ray.get is patched to pass values through)."""
 
     def __init__(self, payloads: dict[str, dict]):
         self.payloads = payloads

@@ -1,4 +1,4 @@
-"""Trajectories waiting to be routed: StaleFlow's trajectory server (TS, staleflow.txt §5.1) for one fleet.
+"""Trajectories waiting to be routed: StaleFlow's trajectory server (TS; "StaleFlow", §5.1) for one fleet.
 
 It holds initial groups drawn from the prompts (no V_traj until routing reserves the group with the
 staleness policy, Algorithm 2), members of reserved groups not routed yet, and partial trajectories
@@ -21,7 +21,10 @@ def row_tokens(row: dict) -> float:
     return float(len(row["prompt_ids"]) + len(row["completion_ids"]))
 
 
-class RouteQueue:
+class TrajectoryServer:
+    """The TS of one rollout fleet, held by its coordinator (rollout_coordinator.py) in the driver: what waits to be
+    routed, by trajectory id. Finished trajectories leave it; their payloads go to the payload store."""
+
     def __init__(self):
         self.ts: dict[str, tuple[TrajView, dict]] = {}  # tid -> (what the coordinator sees, the row to route)
         self.initial: dict[str, list[str]] = {}  # unreserved groups: gid -> member tids

@@ -1,12 +1,13 @@
-"""The trajectory store: payloads between rollout and train, and the source queues of the reward streams.
+"""Finished trajectories' payloads between rollout and train, and the source queues of the reward streams.
 
-Token ids and log-probs pass through the driver only once, into the ledger, when a group is buffered (so a
-resumed run can restore it); otherwise they stay here (StaleFlow §5.1's trajectory server): rollout workers
-`put` finished trajectories, the rollout fleet `enqueue_group`s a complete group on its task's reward stage,
-that stage's reward stream pulls whole groups with `next_groups` (light fields, and each member's version span)
-and reports them `delivered` once the driver has them, the buffer `peek`s at what it buffers (for the ledger),
-and the trainer `take`s what it trains. Pulled-but-not-delivered groups are capped per stage
-(`max_in_flight`): that cap is the reward stream's back-pressure; the rest wait here.
+A Ray actor (the plan's `trajectory_server` actor; the role keeps that plan.json name). Token ids and log-probs
+pass through the driver only once, into the ledger, when a group is buffered (so a resumed run can restore it);
+otherwise they stay here, out of the driver. (Trajectories still to be routed wait in StaleFlow's trajectory
+server, trajectory_server.py.) Rollout workers `put` finished trajectories, the rollout fleet `enqueue_group`s a
+complete group on its task's reward stage, that stage's reward stream pulls whole groups with `next_groups` (light
+fields, and each member's version span) and reports them `delivered` once the driver has them, the buffer `peek`s
+at what it buffers (for the ledger), and the trainer `take`s what it trains. Pulled-but-not-delivered groups are
+capped per stage (`max_in_flight`): that cap is the reward stream's back-pressure; the rest wait here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rlflow.stages.trajectory import member_id
 
 
 @ray.remote(num_cpus=0)
-class TrajectoryStore:
+class PayloadStore:
     """Payloads by trajectory id, plus one queue of complete groups per reward stage."""
 
     def __init__(self):
@@ -49,7 +50,7 @@ class TrajectoryStore:
         """A group is complete: send it down reward stage `stage`'s stream."""
         missing = [t for t in traj_ids if t not in self._payload]
         if missing:
-            raise KeyError(f"trajectory store has no payload for {missing}; enqueue only stored trajectories")
+            raise KeyError(f"payload store has no payload for {missing}; enqueue only stored trajectories")
         self._queues.setdefault(stage, deque()).append(list(traj_ids))
         self._event(stage).set()
 
