@@ -52,3 +52,12 @@ def test_mkdocs_build_strict(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "reference" / "errors" / "index.html").exists()
+
+
+def test_the_python_files_the_docs_name_exist():
+    """A module renamed without its docs fails here: every `name.py` the README or docs/ names is a file."""
+    names = set()
+    for page in [README, *(REPO / "docs").rglob("*.md")]:
+        names |= set(re.findall(r"`(?:[\w./-]*/)?(\w+\.py)`", page.read_text()))
+    present = {p.name for d in ("rlflow", "stages", "operators", "tests", "benchmarks", "docs") for p in (REPO / d).rglob("*.py")}
+    assert names - present == set(), "docs name Python files that do not exist"
