@@ -3,7 +3,7 @@
 python benchmarks/bench_elastic.py        # prints the table, writes benchmarks/results/elastic.md
 
 A run that starts with too few rollout instances (rollout-bound) and one that starts with too many (trainer-bound):
-each is simulated with its fixed starting fleet, with `auto` (operators/elastic.py, within [1, 16]) and with the
+each is simulated with its fixed starting fleet, with `auto` (operators/elastic_rule.py, within [1, 16]) and with the
 fleet the rule ends at, fixed from the start (what a perfect plan would have picked).
 """
 

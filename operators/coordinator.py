@@ -27,7 +27,7 @@ class SpeculativeState:
         self.accum_traj_num = [0] * n_instances
 
     def add(self, version: int) -> int:
-        """An instance joins (elastic rollout, operators/elastic.py) holding `version` and no work; its index."""
+        """An instance joins (elastic rollout, operators/elastic_rule.py) holding `version` and no work; its index."""
         self.inst_version.append(version)
         self.accum_traj_num.append(0)
         return len(self.inst_version) - 1

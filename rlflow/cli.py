@@ -184,7 +184,7 @@ def _scale(args) -> int:
 
     from rlflow.compiler import DEFAULT_PLAN, read_plan
     from rlflow.errors import Problem
-    from rlflow.runtime.elastic import read_status, request_scale
+    from rlflow.runtime.scaling import read_status, request_scale
     from rlflow.runtime.launch import list_runs, locate_run
 
     plan = read_plan(args.plan or DEFAULT_PLAN)

@@ -107,7 +107,7 @@ def _episode(stage) -> dict:
 
 
 def _elastic(stage) -> dict:
-    """An elastic rollout stage's bounds and pace (rlflow/runtime/elastic.py); nothing for a fixed one."""
+    """An elastic rollout stage's bounds and pace (rlflow/runtime/scaling.py); nothing for a fixed one."""
     return {"elastic": stage.elastic.model_dump(mode="json")} if stage.elastic else {}
 
 

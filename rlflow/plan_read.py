@@ -84,9 +84,10 @@ def stage_coordination(plan: dict, stage: str) -> PlanCoordination:
                             **{k: coord[k] for k in ("mu", "phi_wait", "phi_throughput") if k in coord})
 
 
-def load_profile(path: str | Path | None) -> CostProfile:
+def named_profile(path: str | Path | None) -> CostProfile:
     """The cost-model profile at `path` (or a name in configs/profiles/). No default: a plan that needs a
-    profile and names none is an error here, not a silent substitute."""
+    profile and names none is an error here, not a silent substitute (`rlflow run`; the simulator, which may
+    assume one, uses sim/from_plan.py's profile_or_default)."""
     if not path:
         raise ProfileError("no cost-model profile given: name one in the rollout stage's coordinator.profile")
     return CostProfile.load(path)

@@ -131,8 +131,8 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
-    from rlflow.sim.from_plan import (ONE_STAGE_RULE, decode_rate, load_profile, not_simulable, plan_profiles,
-                                      plan_rollouts, share_notes, stage_lengths)
+    from rlflow.sim.from_plan import (ONE_STAGE_RULE, decode_rate, not_simulable, plan_profiles, plan_rollouts,
+                                      profile_or_default, share_notes, stage_lengths)
 
     why = not_simulable(plan)
     if why:
@@ -142,7 +142,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     names = [n for n, _ in rollouts]
     control = plan["control"]["staleness"]
     profile = profile or next(iter(plan_profiles(plan)), None)
-    prof = load_profile(profile, notes)
+    prof = profile_or_default(profile, notes)
     notes += share_notes(plan)
     g = gpus_per_instance(profile, per_instance, notes)
     if gpus < len(rollouts) * g + 1:

@@ -1,6 +1,6 @@
 """StreamRL skew-aware dispatch inside `rlflow run` (StreamRL §5.2-5.3, Algorithm 2).
 
-A length ranker predicts each waiting prompt's output length; Algorithm 2 (operators/dispatch.py)
+A length ranker predicts each waiting prompt's output length; Algorithm 2 (operators/skew_dispatch.py)
 marks the predicted-longest alpha of them long-tail and picks the split of the alive instances into
 N_l long-tail and N_r regular ones that minimises the estimated generation time (Eq. 2, with P90 and
 P50 of the recently completed lengths). Long-tail groups are then routed only to the first N_l alive
@@ -28,7 +28,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from rlflow.operators.dispatch import percentile, skew_aware_dispatch
+from rlflow.operators.skew_dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.length_ranker import OnlineLengthRanker, recall_at_top
 from rlflow.operators.policy import InvariantViolation
 
@@ -37,7 +37,7 @@ RECALL_WINDOW = 256  # completed groups the reported recall@20% is measured over
 RECALL_MIN = 10  # fewer completed groups than this: no recall reported yet
 
 
-class RuntimeDispatch:
+class DispatchLanes:
     """Lanes for the driver: which waiting group goes next, to which instances, with what cap."""
 
     def __init__(self, ranker, *, alpha: float, members: int, max_running: int, ptl: Callable[[int], float],
@@ -59,13 +59,13 @@ class RuntimeDispatch:
 
     @classmethod
     def for_stage(cls, pc, rollout: dict, *, batch_groups: int, max_model_len: int, counts: dict,
-                  log=print) -> RuntimeDispatch | None:
+                  log=print) -> DispatchLanes | None:
         """The stage's data -> rollout dispatch, or None when it is round robin. The ranker is `learned` or
         an import string (the compiler rejects `oracle`, which needs lengths before generation); the profile
         (required by the compiler) shapes PTL(BS), the per-token latency Algorithm 2 weighs."""
         if not pc.skew_aware:
             return None
-        from rlflow.plan_read import load_profile
+        from rlflow.plan_read import named_profile
         from rlflow.registry import resolve
 
         ref = pc.dispatch.get("ranker", "learned")
@@ -73,7 +73,7 @@ class RuntimeDispatch:
             ranker = OnlineLengthRanker(refit_every=batch_groups)  # refit once per batch's worth of completed groups
         else:
             ranker = resolve("ranker", ref)()
-        prof = load_profile(pc.profile)
+        prof = named_profile(pc.profile)
         prompt_tokens = max_model_len - rollout["max_new_tokens"]
 
         def ptl(bs: int, held: float = 0.0) -> float:  # Eq. 1's per-token latency at batch size bs

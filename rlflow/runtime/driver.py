@@ -27,7 +27,7 @@ from rlflow.errors import RunFailed
 from rlflow.plan_read import rollout_order
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
-from rlflow.runtime.elastic import Elastic
+from rlflow.runtime.scaling import Scaling
 from rlflow.runtime.evaluation import Evaluations
 from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
@@ -113,7 +113,7 @@ class Run:
                                     source=plan["source"], skip=resumed.drawn if resumed else None)
         self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
                                     ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
-        self.elastic = Elastic(self.fleets, self.out_dir, log=self.log)  # `rlflow scale`, and elastic.auto
+        self.elastic = Scaling(self.fleets, self.out_dir, log=self.log)  # `rlflow scale`, and elastic.auto
         filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
         self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
                                      concurrency=op["concurrency"], num_cpus=op["num_cpus"],

@@ -55,7 +55,7 @@ class Metrics:
 
     def step_row(self, step: int, version: int, info: dict, trained: dict, wall: float, busy_s: float,
                  instance_s: float, counters, counts: dict, recall: float | None) -> dict:
-        """instance_s: cumulative rollout instance-seconds served (instances may join or leave, elastic.py)."""
+        """instance_s: cumulative rollout instance-seconds served (instances may join or leave, scaling.py)."""
         st, rw, lengths = info["staleness"], info["rewards"], info["lengths"]
         mean_len = _mean(lengths) or 0.0
         everything = [r for rs in self.scored.values() for r in rs]

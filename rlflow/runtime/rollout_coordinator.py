@@ -30,15 +30,17 @@ from rlflow.operators.coordinator import Coordinator
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
-from rlflow.plan_read import PlanCoordination, load_profile
+from rlflow.plan_read import PlanCoordination, named_profile
 from rlflow.runtime.trajectory_server import TrajectoryServer, row_tokens, traj_id
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
 RESYNC_AFTER = 3  # consecutive rejected snapshots before P is re-read from the snapshot
 
 
-class RuntimeCoordinator:
-    """Algorithm 1 over the driver's Instances; the driver calls the hooks below at each event."""
+class RolloutCoordinator:
+    """One fleet's rollout coordinator: its TS, exact snapshots of its instances, and the commands that
+    operators/coordinator.py's Coordinator (Algorithm 1, shared with the simulator) returns for them; the driver
+    calls the hooks below at each event."""
 
     def __init__(self, pc: PlanCoordination, cost: CostModel, instances, counts: dict, log=print):
         self.pc, self.log = pc, log
@@ -65,12 +67,12 @@ class RuntimeCoordinator:
             counts.setdefault(k, 0)
 
     @classmethod
-    def for_stage(cls, pc: PlanCoordination, rollout: dict, instances, counts: dict, log=print) -> RuntimeCoordinator:
+    def for_stage(cls, pc: PlanCoordination, rollout: dict, instances, counts: dict, log=print) -> RolloutCoordinator:
         """The coordinator of one rollout stage. Strategies that weigh latencies (cost-model routing, threshold
         and repack migration) use the plan's profile (the compiler checked it matches the engine); vanilla
         least-loaded routing only needs room, which is the stage's max_running (StaleFlow's gamma without M)."""
         if pc.profile:
-            cost = CostModel.from_profile(load_profile(pc.profile))
+            cost = CostModel.from_profile(named_profile(pc.profile))
             cost = replace(cost, max_running=min(cost.max_running or rollout["max_running"], rollout["max_running"]))
         else:
             cost = CostModel(k1=0.0, k2=0.0, k3=0.0, k4=0.0, max_running=rollout["max_running"])

@@ -18,9 +18,9 @@ import ray
 from rlflow.errors import RunFailed
 from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
-from rlflow.runtime.dispatch_lanes import RuntimeDispatch
+from rlflow.runtime.dispatch_lanes import DispatchLanes
 from rlflow.runtime.model_shipping import ship_model
-from rlflow.runtime.rollout_coordinator import RuntimeCoordinator
+from rlflow.runtime.rollout_coordinator import RolloutCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
 from rlflow.runtime.trajectory_server import traj_id
 from rlflow.runtime.parameter_server import verify_loaded
@@ -48,7 +48,7 @@ class RolloutInstance:
     step_s: float = 0.0  # seconds in engine.step alone (decoding; no weight loads)
     finished_tokens: int = 0  # completion tokens of the trajectories it finished (eos included)
     finished: int = 0  # trajectories it finished (the elastic monitor's rate)
-    # elastic rollout (runtime/elastic.py): an added instance is `starting` until its actor is ready; a removed one
+    # elastic rollout (runtime/scaling.py): an added instance is `starting` until its actor is ready; a removed one
     # is `retiring` while its trajectories go back to the TS, then ends (alive False)
     starting: bool = False
     retiring: bool = False
@@ -85,8 +85,8 @@ class RolloutFleet:
         self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
         pc = stage_coordination(plan, stage)
         rollout = self.spec["engine_kwargs"] | {k: self.spec[k] for k in ("group_size", "group_redundancy")}
-        self.coordination = RuntimeCoordinator.for_stage(pc, rollout, self.instances, counts, log=log)
-        self.dispatch = RuntimeDispatch.for_stage(pc, rollout, batch_groups=self.batch_groups,
+        self.coordination = RolloutCoordinator.for_stage(pc, rollout, self.instances, counts, log=log)
+        self.dispatch = DispatchLanes.for_stage(pc, rollout, batch_groups=self.batch_groups,
                                                   max_model_len=self.spec["engine_kwargs"]["max_model_len"],
                                                   counts=counts, log=log)
         self.replay: list[dict] = []  # prompts drawn but not trained before a resumed checkpoint: drawn first
@@ -283,7 +283,7 @@ class RolloutFleet:
         inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
         self.counts["rerouted"] += len(orphans)
 
-    # ------------------------------------------------------------------ elastic rollout (runtime/elastic.py)
+    # ------------------------------------------------------------------ elastic rollout (runtime/scaling.py)
     def serving_count(self) -> int:
         return sum(i.serving for i in self.instances)
 

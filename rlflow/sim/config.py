@@ -114,7 +114,7 @@ class SimConfig:
     turns: int = 1  # generation turns per episode
     env_latency_s: float = 0.0  # mean seconds of one environment step (turns - 1 steps per episode)
     env_latency: str = "fixed"  # "fixed" | "exponential" (drawn from a stream seeded by `seed`)
-    # elastic rollout (operators/elastic.py): instances join or leave during the run; coordinated cost_model only
+    # elastic rollout (operators/elastic_rule.py): instances join or leave during the run; coordinated cost_model only
     scale: tuple = ()  # ((after_step, instances), ...): resize when that many train steps have ended (`rlflow scale`)
     elastic_min: int | None = None  # automatic scaling (streamrl §4.3) within [elastic_min, elastic_max]
     elastic_max: int | None = None

@@ -21,9 +21,9 @@ import random
 from rlflow.operators.commands import Interrupt, Pull, Route
 from rlflow.operators.coordinator import CoordinationConfig, Coordinator
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.operators.dispatch import percentile, skew_aware_dispatch
-from rlflow.operators.elastic import ElasticMonitor, ElasticRule
+from rlflow.operators.elastic_rule import ElasticMonitor, ElasticRule
 from rlflow.operators.routing import CostModel
+from rlflow.operators.skew_dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot
 from rlflow.sim.engine import Instance
 from rlflow.sim.trajectories import Group
@@ -339,7 +339,7 @@ class CoordinatedFleet(Fleet):
                 inst.enqueue(s)
         self.touch(inst)
 
-    # -- elastic rollout (operators/elastic.py) ------------------------------------------------------
+    # -- elastic rollout (operators/elastic_rule.py) ------------------------------------------------------
     @property
     def serving(self) -> list[Instance]:
         return [inst for inst in self.instances if not inst.retired]

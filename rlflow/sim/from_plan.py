@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
 from rlflow.plan_read import PlanCoordination, rollout_order, stage_coordination, stage_length_law
-from rlflow.plan_read import load_profile as read_profile
+from rlflow.plan_read import named_profile
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.lengths import expected_length
 
@@ -83,12 +83,13 @@ def plan_coordination(plan: dict) -> PlanCoordination:
     return stage_coordination(plan, plan_rollout(plan)[0])
 
 
-def load_profile(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
-    """The named cost-model profile, or DEFAULT_PROFILE with a note saying so (the simulator states its assumptions)."""
+def profile_or_default(profile: str | None, notes: list[str], hint: str = "pass --profile to change") -> CostProfile:
+    """The named cost-model profile, or DEFAULT_PROFILE with a note saying so (the simulator states its assumptions;
+    `rlflow run` has no default: plan_read.named_profile)."""
     if not profile:
         profile = DEFAULT_PROFILE
         notes.append(f"no cost-model profile in the plan: using {DEFAULT_PROFILE} ({hint})")
-    return read_profile(profile)
+    return named_profile(profile)
 
 
 def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
@@ -226,7 +227,7 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
                          partial_rollout=True)
         v_r = w["rollout_tokens_per_s"]
     else:
-        prof = base = load_profile(profile, notes)
+        prof = base = profile_or_default(profile, notes)
         if rollout["max_running"] < prof.max_running:  # the stage's cap binds, as in the runtime's coordinator
             prof = replace(prof, max_running=rollout["max_running"])
         if pc.skew_aware and ranker != "oracle":  # slots mode drops dispatch (noted above)

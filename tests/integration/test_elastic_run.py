@@ -11,7 +11,7 @@ from runs import plan_for
 from test_run import assert_accounted
 
 from rlflow.cli import main
-from rlflow.runtime.elastic import read_status
+from rlflow.runtime.scaling import read_status
 
 pytestmark = pytest.mark.integration
 

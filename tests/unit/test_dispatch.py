@@ -2,7 +2,7 @@
 
 import random
 
-from rlflow.operators.dispatch import instance_latency, percentile, skew_aware_dispatch
+from rlflow.operators.skew_dispatch import instance_latency, percentile, skew_aware_dispatch
 from rlflow.operators.length_ranker import OnlineLengthRanker, OracleRanker, recall_at_top
 
 

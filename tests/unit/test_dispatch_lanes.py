@@ -6,14 +6,14 @@ import pytest
 
 from rlflow.operators.length_ranker import OnlineLengthRanker, OracleRanker
 from rlflow.operators.policy import InvariantViolation
-from rlflow.runtime.dispatch_lanes import RuntimeDispatch
+from rlflow.runtime.dispatch_lanes import DispatchLanes
 
 LENGTHS = {f"p{k}": float(k) for k in range(1, 11)}  # prompt p_k produces k tokens
 
 
 def make(ranker, *, members=1, max_running=8, ptl=lambda bs: 1.0):
     counts: dict = {}
-    return RuntimeDispatch(ranker, alpha=0.2, members=members, max_running=max_running,
+    return DispatchLanes(ranker, alpha=0.2, members=members, max_running=max_running,
                            ptl=lambda bs, held=0.0: ptl(bs), counts=counts, log=lambda *a: None), counts
 
 

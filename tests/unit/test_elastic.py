@@ -1,4 +1,4 @@
-"""Elastic rollout: StreamRL's scaling rule (operators/elastic.py), and instances joining and leaving a simulated run."""
+"""Elastic rollout: StreamRL's scaling rule (operators/elastic_rule.py), instances joining and leaving a simulated run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.operators.elastic import ElasticMonitor, ElasticRule, decide
+from rlflow.operators.elastic_rule import ElasticMonitor, ElasticRule, decide
 
 from rlflow.sim import LengthSpec, SimConfig, SimConfigError, Simulation, TrainerModel
 

@@ -8,7 +8,7 @@ import pytest
 
 from rlflow.compiler import compile_pipeline
 from rlflow.operators.cost_profile import CostProfile, ProfileError
-from rlflow.plan_read import load_profile, rollout_stages, stage_coordination
+from rlflow.plan_read import named_profile, rollout_stages, stage_coordination
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
@@ -52,10 +52,10 @@ def test_an_unknown_stage_names_the_rollout_stages():
 
 def test_load_profile_has_no_default():
     with pytest.raises(ProfileError, match="no cost-model profile"):
-        load_profile(None)
-    assert load_profile("staleflow-table4-qwen3-30b-a3b") == CostProfile.load("staleflow-table4-qwen3-30b-a3b")
+        named_profile(None)
+    assert named_profile("staleflow-table4-qwen3-30b-a3b") == CostProfile.load("staleflow-table4-qwen3-30b-a3b")
     with pytest.raises(ProfileError, match="no file"):
-        load_profile("no-such-profile")
+        named_profile("no-such-profile")
 
 
 def test_reading_a_plan_imports_neither_the_simulator_nor_heavy_dependencies():

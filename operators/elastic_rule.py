@@ -4,7 +4,7 @@ StreamRL monitors δ, the gap between generation and training time per iteration
 time one more data-parallel unit would save, and adds a unit when δ >= δ'. Rollout instances are decoupled
 (each is its own engine), so adding or removing one does not restart the trainer.
 
-The rule is a pure function of measured seconds, shared by the runtime (rlflow/runtime/elastic.py) and the
+The rule is a pure function of measured seconds, shared by the runtime (rlflow/runtime/scaling.py) and the
 simulator (rlflow/sim/fleet.py), and `ElasticMonitor` turns cumulative counters into those seconds:
 
 - T_gen: seconds the fleet needs to generate one batch when it never waits = batch trajectories / fleet rate,

@@ -1,4 +1,4 @@
-"""Elastic rollout inside `rlflow run`: requests from `rlflow scale`, and StreamRL's automatic rule.
+"""Scaling a run's rollout fleets: `rlflow scale` requests and StreamRL's automatic rule (operators/elastic_rule.py).
 
 A request is a small JSON file in the run's directory, `scale/<stage>.json` ({"instances": N}), written by
 `rlflow scale` (request_scale below); the driver looks for new ones at most once a second and answers in
@@ -6,7 +6,7 @@ A request is a small JSON file in the run's directory, `scale/<stage>.json` ({"i
 works the same on a laptop and on a cluster's head node, and a request made while the driver restarts
 (`--resume`) is still there when it comes back.
 
-Automatic scaling (`elastic.auto`) feeds operators/elastic.py's monitor with every train step's time and the
+Automatic scaling (`elastic.auto`) feeds operators/elastic_rule.py's monitor with every train step's time and the
 instances' busy seconds and finished trajectories. Either way the fleet does the work (rollout_fleet.py:
 scale_to): a new instance loads the current weights before it takes work; a leaving one hands its
 trajectories back to the TS as partial rollouts, and its actor ends when it holds none.
@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from rlflow.operators.elastic import ElasticMonitor, ElasticRule
+from rlflow.operators.elastic_rule import ElasticMonitor, ElasticRule
 
 POLL_S = 1.0
 
@@ -47,7 +47,7 @@ def read_status(run_dir: Path, stage: str) -> dict | None:
         return None
 
 
-class Elastic:
+class Scaling:
     """The elastic rollout stages of one run: applies requests and automatic decisions to their fleets."""
 
     def __init__(self, fleets, run_dir: Path, log=print):
