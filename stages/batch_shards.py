@@ -1,7 +1,7 @@
 """One training batch over N data-parallel ranks: split by tokens, and the ranks' metrics merged back.
 
 Rank 0 sees the whole batch, so everything that depends on the whole batch is computed there, once:
-the GRPO advantages (within each group) and the loss normaliser (the batch's completion tokens, or
+the GRPO advantages (within each group, stages/grpo.py) and the loss normaliser (the batch's completion tokens, or
 sequences). Each rank then gets a shard and sums its part of the loss over that global normaliser, so
 N ranks compute the same loss as one rank on the whole batch. DeepSpeed averages gradients over the
 data-parallel ranks, so each rank scales its loss by N (trainer.py) and the averaged gradient is the
@@ -35,22 +35,6 @@ class BatchShard:
     world_size: int
     pad: Trajectory  # a row to mask out when this shard has fewer rows than micro_batches
     reward_mean: float  # over the whole batch
-
-
-def advantages(trajectories: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards of all trajectories and the [B] GRPO advantage of each, computed within its own group.
-
-    Groups may be smaller than group_size when a member's reward failed (the runtime drops that
-    member, not the group), so each group is normalised on its own.
-    """
-    groups: dict[str, list[int]] = {}
-    for i, t in enumerate(trajectories):
-        groups.setdefault(t.group_id, []).append(i)
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    adv = torch.empty(len(trajectories))
-    for members in groups.values():
-        adv[members] = grpo.group_advantages(rewards[members].unsqueeze(0))[0]
-    return rewards, adv
 
 
 def cost(t: Trajectory) -> int:
@@ -90,7 +74,8 @@ def shard_batch(
     completion tokens when it is given: then the rank that needs the most parts sets the count for all."""
     if not trajectories:
         raise ValueError("a training batch needs at least one trajectory")
-    rewards, adv = advantages(trajectories)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    adv = grpo.batch_advantages(rewards, [t.group_id for t in trajectories])  # over the whole batch, once
     num_tokens = float(sum(sum(t.trained_mask()) for t in trajectories))  # the tokens the loss averages over
     num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
     costs = [cost(t) for t in trajectories]

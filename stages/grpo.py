@@ -11,6 +11,7 @@ belongs to, so per-sequence sums stay per sequence.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
@@ -30,6 +31,21 @@ def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1
     adv = rewards - rewards.mean(dim=-1, keepdim=True)
     if normalize_std:
         adv = adv / (rewards.std(dim=-1, keepdim=True, correction=0) + eps)
+    return adv
+
+
+def batch_advantages(rewards: Tensor, group_ids: Sequence) -> Tensor:
+    """[B] rewards of a batch -> [B] advantages, each row's within its own group (`group_ids[i]` names row i's).
+
+    Groups may be smaller than group_size when a member's reward failed (the runtime drops that member, not the
+    group), so each group is normalised on its own.
+    """
+    groups: dict = {}
+    for i, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(i)
+    adv = torch.empty(len(group_ids))
+    for members in groups.values():
+        adv[members] = group_advantages(rewards[members].unsqueeze(0))[0]
     return adv
 
 

@@ -185,11 +185,11 @@ def test_malformed_batches_are_rejected(model_dir):
 
 
 def test_a_group_short_of_a_failed_member_is_normalised_on_its_own():
-    from rlflow.stages.batch_shards import advantages as _advantages
+    from rlflow.stages.grpo import batch_advantages
 
     rows = [Trajectory(group_id=g, index=i, prompt="p", answer="a", prompt_ids=[1], reward=r)
             for g, i, r in [("a", 0, 1.0), ("a", 1, 0.0), ("a", 2, 0.0), ("b", 0, 1.0), ("b", 1, 0.0)]]
-    rewards, adv = _advantages(rows)
+    adv = batch_advantages(torch.tensor([t.reward for t in rows]), [t.group_id for t in rows])
     assert adv[:3].sum().item() == pytest.approx(0.0, abs=1e-6)
     assert adv[3].item() == pytest.approx(1.0, abs=1e-4) and adv[4].item() == pytest.approx(-1.0, abs=1e-4)
 
