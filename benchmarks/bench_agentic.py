@@ -67,9 +67,10 @@ def measure(result: dict, work: Path) -> dict:
 
 def prompt_tokens(work: Path) -> float:
     """Mean prompt length of the task, in the run's tokenizer."""
+    from transformers import AutoTokenizer
+
     from rlflow.stages import tasks
     from rlflow.stages.tiny_model import model_dir
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir("calc"))
     rows = tasks.calc(0, 256)

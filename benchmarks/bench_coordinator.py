@@ -45,8 +45,8 @@ def bench(cfg: CoordinationConfig, reps: int = 7) -> float:
         snap = snapshot(r)
         coord = Coordinator(N_INST, cfg, cost=COST, validate=False)
         admitted = {"n": 0}
-        verify = lambda v: admitted["n"] < 256 and v >= snap.ps_version - ETA  # noqa: E731
-        reserve = lambda gid, v: admitted.__setitem__("n", admitted["n"] + 1)  # noqa: E731
+        verify = lambda v, snap=snap, admitted=admitted: admitted["n"] < 256 and v >= snap.ps_version - ETA  # noqa: E731
+        reserve = lambda gid, v, admitted=admitted: admitted.__setitem__("n", admitted["n"] + 1)  # noqa: E731
         t = time.perf_counter()
         coord.cycle(snap, verify, reserve)
         times.append(time.perf_counter() - t)

@@ -105,8 +105,8 @@ def transport_actors():
             return sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
 
         def publish(self, params, version: int, transport: str) -> dict:
-            from rlflow.runtime.weight_link import open_link
             from rlflow.runtime.parameter_server import publish
+            from rlflow.runtime.weight_link import open_link
             from rlflow.stages.weight_buckets import module_buckets, module_layouts
 
             if transport == "collective" and transport not in self.links:

@@ -35,9 +35,9 @@ def bench_trainer(ray, model_dir: str, world: int, batches: list[list[dict]]) ->
     """Mean seconds per step over batches[1:] (batches[0] warms up) and completion tokens per step."""
     from ray.util.placement_group import remove_placement_group
 
-    from rlflow.runtime.trainer_worker import launch_trainer
-    from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.parameter_server import ParameterServer
+    from rlflow.runtime.payload_store import PayloadStore
+    from rlflow.runtime.trainer_worker import launch_trainer
 
     store, params = PayloadStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, DEEPSPEED, TRAINER, store, params, world_size=world,
@@ -61,8 +61,8 @@ def bench_trainer(ray, model_dir: str, world: int, batches: list[list[dict]]) ->
 
 def bench_rollout(ray, model_dir: str, instances: int, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, int]:
     """Seconds for `instances` RolloutWorkers to generate one completion per prompt, and the tokens generated."""
-    from rlflow.runtime.rollout_worker import RolloutWorker
     from rlflow.runtime.payload_store import PayloadStore
+    from rlflow.runtime.rollout_worker import RolloutWorker
     from rlflow.stages.trajectory import Trajectory
 
     store = PayloadStore.remote()

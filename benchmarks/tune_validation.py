@@ -92,6 +92,7 @@ def profiling_model(scratch: Path) -> Path:
     and decode cost, but trajectories run to max_new_tokens, so `rlflow profile` gets clean steps at every batch size."""
     import torch
     import transformers
+
     from rlflow.stages.tiny_model import model_dir
 
     src = model_dir("repeat")

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rlflow import __version__
 from rlflow.errors import PipelineInvalid, RunFailed
@@ -184,8 +184,8 @@ def _scale(args) -> int:
 
     from rlflow.compiler import DEFAULT_PLAN, read_plan
     from rlflow.errors import Problem
-    from rlflow.runtime.scaling import read_status, request_scale
     from rlflow.runtime.launch import list_runs, locate_run
+    from rlflow.runtime.scaling import read_status, request_scale
 
     plan = read_plan(args.plan or DEFAULT_PLAN)
     first = next((a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == args.stage), None)
@@ -312,7 +312,7 @@ def _profile(args) -> int:
         engine.close()
     command = (f"rlflow profile --engine {args.engine} --model {args.model} --task {args.task} "
                f"--prompt {shlex.quote(args.prompt)} --batch-sizes {args.batch_sizes} -o {args.output}")
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     path = write_profile(fit, args.output, name=f"{args.engine}-{model.name if hasattr(model, 'name') else model}",
                          engine=args.engine, model=args.model,
                          source=f"measured {when} by `{command}` on {machine()}; fit R^2 = {fit['r2']:.3f}",

@@ -16,7 +16,6 @@ import os
 from rlflow.errors import Problem
 from rlflow.schema import Pipeline
 
-
 AT_PEAK = " (elastic stages at their max_replicas)"
 #: the embedded cluster may hold actors asking for up to this many times the machine's CPUs: they mostly wait on each
 #: other (launch.py gives Ray that many logical CPUs); past it the run spends its time starting and switching processes

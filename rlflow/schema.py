@@ -7,7 +7,7 @@ Cross-stage rules (graph shape, which policy fits which edge, task routing) live
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -413,7 +413,7 @@ OFF_POLICY_PARAMS = {"max_importance_ratio": ("decoupled",), "tis_cap": ("tis_to
                      "mask_low": ("mis_token", "mis_sequence", "icepop"), "mask_high": ("mis_token", "mis_sequence", "icepop")}
 
 
-Stage = Annotated[Union[RolloutStage, RewardStage, BufferStage, TrainStage], Field(discriminator="kind")]
+Stage = Annotated[RolloutStage | RewardStage | BufferStage | TrainStage, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- edge policies
@@ -500,7 +500,7 @@ class WeightSync(Strict):
 
 
 Policy = Annotated[
-    Union[Streaming, Barrier, StalenessBound, InFlightLimit, OneStep, Unbounded, SkewAwareDispatch, WeightSync],
+    Streaming | Barrier | StalenessBound | InFlightLimit | OneStep | Unbounded | SkewAwareDispatch | WeightSync,
     Field(discriminator="kind"),
 ]
 

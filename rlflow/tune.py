@@ -131,8 +131,16 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
     `seed` for `screen_steps` (default: a third of `steps`, at least 5); the plan's own setting and the CONTENDERS
     fastest screened points are confirmed for `steps` with seeds `seed`..`seed + seeds - 1`."""
-    from rlflow.sim.from_plan import (ONE_STAGE_RULE, decode_rate, not_simulable, plan_profiles, plan_rollouts,
-                                      profile_or_default, share_notes, stage_lengths)
+    from rlflow.sim.from_plan import (
+        ONE_STAGE_RULE,
+        decode_rate,
+        not_simulable,
+        plan_profiles,
+        plan_rollouts,
+        profile_or_default,
+        share_notes,
+        stage_lengths,
+    )
 
     why = not_simulable(plan)
     if why:

@@ -3,7 +3,7 @@ apply it, and the table of what was simulated. The search itself is rlflow/tune.
 
 from __future__ import annotations
 
-from rlflow.tune import Candidate, eligible, too_loose, knob_name
+from rlflow.tune import Candidate, eligible, knob_name, too_loose
 
 
 def choose(candidates: list[Candidate]) -> Candidate:

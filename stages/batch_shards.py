@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from rlflow.stages import grpo
 from rlflow.stages.trajectory import Trajectory
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from rlflow.stages.checksum import Checksum
 from rlflow.stages.engine import RolloutEngine, weight_buckets
 from rlflow.stages.trajectory import Trajectory
@@ -89,8 +90,9 @@ class HFEngine(RolloutEngine):
             stop=stop,
             max_turn_tokens=max_turn_tokens,
         )
-        from rlflow.stages.hf_quiet import no_progress_bars
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rlflow.stages.hf_quiet import no_progress_bars
 
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

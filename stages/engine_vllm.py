@@ -328,7 +328,7 @@ class VLLMEngine(RolloutEngine):
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.step_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if self._failure is not None:
             # Nothing is lost: the driver re-routes every trajectory of a dead instance that it has not

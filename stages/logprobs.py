@@ -19,9 +19,10 @@ import inspect
 import math
 
 import torch
-from rlflow.stages import grpo
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from rlflow.stages import grpo
 
 #: logits per chunk: 2**26 fp32 values are 256 MiB (a 150k vocabulary: ~440 positions a chunk)
 LOGITS_PER_CHUNK = 2**26

@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
+from torch import Tensor
+
 from rlflow.stages.batch_shards import balance
 from rlflow.stages.trajectory import Trajectory
-from torch import Tensor
 
 
 @dataclass

@@ -76,9 +76,10 @@ def model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 def load_gguf(path: str | os.PathLike | None = None):
     """(model, tokenizer) loaded from the GGUF file by transformers: fp32, dequantized, still marked quantized."""
     import torch
-    from rlflow.stages.hf_quiet import no_progress_bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from rlflow.stages.hf_quiet import no_progress_bars
 
     path = Path(path) if path is not None else gguf_path()
     bar = getattr(gguf_utils, "tqdm", None)
@@ -98,9 +99,10 @@ def save_hf(model, tokenizer, out: str | os.PathLike) -> Path:
     """Save a GGUF-loaded model as a plain HF directory: its weights copied into a fresh LlamaForCausalLM (same
     config without the GGUF quantization entry), safetensors, tokenizer with its chat template."""
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from rlflow.stages.hf_quiet import no_progress_bars
     from rlflow.stages.tiny_model import _portable_tokenizer_class
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(out)
     config = model.config.to_dict()

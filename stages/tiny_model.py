@@ -146,6 +146,7 @@ def build_tiny_llama(
 def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progress) -> None:
     """Train tokenizer, init, warm-start, evaluate and save into `out`."""
     import torch
+
     from rlflow.stages.tokenizer import train_tokenizer
 
     started = time.perf_counter()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from rlflow.stages import grpo, packing
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.logprobs import TokenLogprobs, supports
@@ -343,7 +344,7 @@ class DeepSpeedTrainer:
         if deviations["chunked"] > tolerance:
             warnings.warn(f"{type(self.engine.module).__name__}: the chunked lm_head's log-probs differ from the full "
                           f"logits' by {deviations['chunked']:.3g} (logits transformed after the lm_head?); "
-                          "using full logits")
+                          "using full logits", stacklevel=2)
             self._logprobs = self._ref_logprobs = None
         if self.packing and (why := packing.problem(deviations, tolerance)):
             raise ValueError(f"train.packing cannot be used with {type(self.engine.module).__name__}: {why}; "

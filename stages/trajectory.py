@@ -57,5 +57,5 @@ class Trajectory:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, row: dict) -> "Trajectory":
+    def from_dict(cls, row: dict) -> Trajectory:
         return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})

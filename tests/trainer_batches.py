@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import torch
+
 from rlflow.stages import grpo
 from rlflow.stages.trajectory import Trajectory
 

@@ -28,9 +28,9 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from rlflow.operators.skew_dispatch import percentile, skew_aware_dispatch
 from rlflow.operators.length_ranker import OnlineLengthRanker, recall_at_top
 from rlflow.operators.policy import InvariantViolation
+from rlflow.operators.skew_dispatch import percentile, skew_aware_dispatch
 
 RECENT = 4096  # completed lengths kept: the distribution D whose P50 / P90 Algorithm 2 reads
 RECALL_WINDOW = 256  # completed groups the reported recall@20% is measured over

@@ -27,17 +27,17 @@ from rlflow.errors import RunFailed
 from rlflow.plan_read import rollout_order
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
-from rlflow.runtime.scaling import Scaling
 from rlflow.runtime.evaluation import Evaluations
 from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.metrics import Metrics
+from rlflow.runtime.parameter_server import ParameterServerHandle
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.run_clock import RunClock
+from rlflow.runtime.scaling import Scaling
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
 from rlflow.runtime.train_sink import TrainSink
 from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, STALL_FACTOR, ProgressCheck, RunStalled, Watchdog
-from rlflow.runtime.parameter_server import ParameterServerHandle
 
 START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
 CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
@@ -79,10 +79,10 @@ class Run:
         from transformers import AutoTokenizer
 
         from rlflow.runtime.model import prepare_model
+        from rlflow.runtime.payload_store import PayloadStore
         from rlflow.runtime.prompt_source import PromptSource, check_prompt_lengths, check_sources
         from rlflow.runtime.reward_stream import RewardStream
         from rlflow.runtime.tracking import Tracker
-        from rlflow.runtime.payload_store import PayloadStore
 
         plan = self.plan
         for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline

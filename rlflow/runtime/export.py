@@ -107,9 +107,7 @@ def from_checkpoint(ckpt: str | Path, tag: str | None = None) -> tuple[dict, dic
     zero = int(((states.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", 0))
     info = {"version": ours.get("version"), "step": (ours.get("client") or {}).get("step"), "zero_stage": zero, "tag": tag}
     if zero >= 1:
-        from deepspeed.utils.zero_to_fp32 import (
-            get_fp32_state_dict_from_zero_checkpoint,
-        )
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
     else:

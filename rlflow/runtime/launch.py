@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem
@@ -61,7 +61,7 @@ def _logical_cpus(plan: dict) -> int:
 # ---------------------------------------------------------------------------------------------- run directories
 def new_run_id(now: float | None = None) -> str:
     """'20261123-041502-7f3a': UTC start time (sorts by time) and 4 random hex digits (two runs in one second)."""
-    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(2)}"
 
 
@@ -77,7 +77,7 @@ def new_run_dir(plan: dict, root: Path = RUNS_DIR) -> Path:
         except FileExistsError:
             continue
     info = {"run_id": run_id, "pipeline": plan["name"], "source": plan["source"], "started": time.time(),
-            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "started_utc": datetime.now(UTC).isoformat(timespec="seconds")}
     (base / run_id / RUN_FILE).write_text(json.dumps(info, indent=2))
     return base / run_id
 

@@ -68,7 +68,7 @@ class PayloadStore:
                 return []
             try:
                 await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return []
         if self._ended_(stage):
             return None

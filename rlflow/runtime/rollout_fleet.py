@@ -20,10 +20,10 @@ from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import DispatchLanes
 from rlflow.runtime.model_shipping import ship_model
+from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.runtime.rollout_coordinator import RolloutCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
 from rlflow.runtime.trajectory_server import traj_id
-from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.stages.trajectory import member_id
 
 

@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem, RunFailed
@@ -39,7 +39,7 @@ READ_RETRY_S = 1.0  # a holder writes its details just after it locks; a refusal
 def _me() -> dict:
     now = time.time()
     return {"pid": os.getpid(), "host": socket.gethostname(), "started": now,
-            "started_utc": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+            "started_utc": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
             "command": " ".join(["rlflow", *sys.argv[1:]]) if sys.argv and "rlflow" in sys.argv[0]
             else " ".join(sys.argv) or "python"}
 

@@ -88,7 +88,7 @@ class Scaling:
                 if mtime != self.seen[stage]:
                     self.seen[stage] = mtime
                     self._request(f, submit)
-        for stage, f in self.fleets.items():
+        for f in self.fleets.values():
             self._write_status(f)
 
     def _request(self, fleet, submit) -> None:

@@ -88,8 +88,8 @@ class TrainerWorker:
     def publish(self, version: int) -> float:
         """Push the current weights as `version` (rank 0), bucket by bucket over the plan's transport; returns the
         seconds it took."""
-        from rlflow.runtime.weight_link import open_link
         from rlflow.runtime.parameter_server import publish
+        from rlflow.runtime.weight_link import open_link
 
         transport, bucket_bytes = self.weights["transport"], self.weights["bucket_bytes"]
 

@@ -296,7 +296,7 @@ class CoordinatedFleet(Fleet):
         ptl = lambda bs: p.step_latency(kv_per_sample * bs * size, bs * size)  # bs prompts of `size` trajectories
         plan = skew_aware_dispatch(groups, predicted, len(self.serving), recent, ptl,
                                    alpha=self.cfg.long_tail_fraction,
-                                   max_batch=lambda l: max(1, min(p.max_running, int(p.kv_tokens / (prompt + l))) // size))
+                                   max_batch=lambda n: max(1, min(p.max_running, int(p.kv_tokens / (prompt + n))) // size))
         self._n_long = plan.n_long
         for group in groups:
             self._long.difference_update(map(id, group.samples))

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.plan_read import PlanCoordination, rollout_order, stage_coordination, stage_length_law
-from rlflow.plan_read import named_profile
+from rlflow.plan_read import PlanCoordination, named_profile, rollout_order, stage_coordination, stage_length_law
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.lengths import expected_length
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from trainer_batches import GROUP, build_tiny_llama, load_hf, make_batch, mean_logprob
 
 pytestmark = pytest.mark.gpu
@@ -71,9 +70,9 @@ def test_trainer_learns_on_the_gpu(dtype, tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a 2-rank NCCL trainer needs two GPUs")
 def test_two_rank_nccl_trainer_matches_one_rank(tmp_path):
     pytest.importorskip("ray")
-    import ray
-
     import sys
+
+    import ray
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
     import test_trainer_ranks as ranks  # the CPU equivalence test, run with one GPU per rank

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from rlflow.errors import PipelineInvalid
 import runs
 from runs import REPO
+
+from rlflow.errors import PipelineInvalid
 
 pytestmark = pytest.mark.integration
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 128, "vocab_size": 384}

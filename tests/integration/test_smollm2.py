@@ -5,8 +5,9 @@ package, chat-template prompts, a stop string, GRPO on DeepSpeed. Skipped withou
 from __future__ import annotations
 
 import pytest
-from rlflow.stages import smollm2
 from runs import plan_for, run_plan
+
+from rlflow.stages import smollm2
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(smollm2.missing()),

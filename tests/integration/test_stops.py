@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+import runs
 
 from rlflow.errors import RunFailed
 from rlflow.runtime.watchdog import NoProgress
-import runs
 
 pytestmark = pytest.mark.integration
 

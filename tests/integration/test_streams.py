@@ -159,6 +159,7 @@ def pids(path: str) -> list[int]:
 
 def put_group(store, gid: str, completions: list[str], *, stage="score", task="arith", **row):
     import ray
+
     from rlflow.stages.trajectory import Trajectory
 
     row = {"prompt": "1+1=", "answer": "2", **row}
@@ -172,8 +173,8 @@ def put_group(store, gid: str, completions: list[str], *, stage="score", task="a
 def stream(reward_fn: str, filter_fn: str | None = None, stage: str = "score"):
     import ray
 
-    from rlflow.runtime.reward_stream import RewardStream
     from rlflow.runtime.payload_store import PayloadStore
+    from rlflow.runtime.reward_stream import RewardStream
 
     store = PayloadStore.remote()
     rs = RewardStream(store, stage=stage, reward_fn=reward_fn, filter_fn=filter_fn, concurrency=1, num_cpus=0.25)

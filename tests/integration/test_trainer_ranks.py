@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from trainer_batches import GROUP, build_tiny_llama, completion_logprobs, load_hf, make_batch
 
 pytestmark = pytest.mark.integration
@@ -40,9 +39,9 @@ def batch(tmp_path_factory):
 def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None):
     """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs`, (save,) and
     return (weights before, weights after, metrics)."""
-    from rlflow.runtime.trainer_worker import launch_trainer
-    from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.parameter_server import ParameterServer, fetch_state
+    from rlflow.runtime.payload_store import PayloadStore
+    from rlflow.runtime.trainer_worker import launch_trainer
 
     store, params = PayloadStore.remote(), ParameterServer.remote()
     leader, placement = launch_trainer(model_dir, ds_config(stage), KWARGS, store, params, world_size=world_size,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from runs import plan_for, run_plan
 
 from rlflow.errors import RunFailed
-from runs import plan_for, run_plan
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +71,8 @@ def test_publish_then_pull_in_buckets_is_verified_end_to_end(ray_cluster, tiny_d
     import torch
     import transformers
 
-    from rlflow.runtime.weight_link import open_link
     from rlflow.runtime.parameter_server import ParameterServerHandle, fetch_state, publish, verify_loaded
+    from rlflow.runtime.weight_link import open_link
     from rlflow.stages.checksum import checksum
     from rlflow.stages.weight_buckets import module_buckets, module_layouts
 

@@ -10,13 +10,12 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from rlflow.stages import smollm2
-from rlflow.stages.tiny_model import build_tiny_llama
-
 from rlflow.compiler import check_pipeline, compile_pipeline
 from rlflow.component_checks import has_chat_template
 from rlflow.errors import PipelineInvalid
 from rlflow.runtime.prompt_source import BadRow, PromptSource, check_prompt_lengths, encode_prompt
+from rlflow.stages import smollm2
+from rlflow.stages.tiny_model import build_tiny_llama
 
 CHATML = ("{% for m in messages %}{{ '<s>' + m['role'] + '\n' + m['content'] + '</s>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}")

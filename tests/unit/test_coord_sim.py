@@ -3,8 +3,8 @@
 import dataclasses
 
 import pytest
-from rlflow.operators.cost_profile import CostProfile
 
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim import LengthSpec, SimConfig, TrainerModel
 from rlflow.sim.config import SimConfigError
 from rlflow.sim.loop import Simulation

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rlflow.operators.cost_profile import CostProfile
 from rlflow.operators.elastic_rule import ElasticMonitor, ElasticRule, decide
-
 from rlflow.sim import LengthSpec, SimConfig, SimConfigError, Simulation, TrainerModel
 
 PROFILE = CostProfile(name="elastic", k1=1e-6, k2=2e-3, k3=1e-4, k4=1e-2, k5=1.0, kv_budget=50_000.0,

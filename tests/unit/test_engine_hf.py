@@ -10,13 +10,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import numpy as np  # noqa: E402
+from engine_helpers import mixed_rows, perturbed_state, reference_logprobs, run_to_idle, trajectories  # noqa: E402
 
 from rlflow.stages.engine import RolloutEngine  # noqa: E402
 from rlflow.stages.engine_hf import HFEngine, sample  # noqa: E402
 from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
 from rlflow.stages.trajectory import Trajectory  # noqa: E402
-
-from engine_helpers import mixed_rows, perturbed_state, reference_logprobs, run_to_idle, trajectories  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import numpy as np  # noqa: E402
+from engine_helpers import mixed_rows, perturbed_state, run_to_idle, trajectories  # noqa: E402
 
 from rlflow.stages import grpo  # noqa: E402
 from rlflow.stages.engine import RolloutEngine  # noqa: E402
 from rlflow.stages.engine_vllm import VLLMEngine  # noqa: E402
 from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
-
-from engine_helpers import mixed_rows, perturbed_state, run_to_idle, trajectories  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

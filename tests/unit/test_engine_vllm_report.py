@@ -11,11 +11,11 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from engine_helpers import mixed_rows, perturbed_state, run_to_idle, trajectories  # noqa: E402
+
 from rlflow.stages.checksum import checksum  # noqa: E402
 from rlflow.stages.engine_vllm import VLLMEngine  # noqa: E402
 from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
-
-from engine_helpers import mixed_rows, perturbed_state, run_to_idle, trajectories  # noqa: E402
 
 # slow: a vLLM engine start; the default run verifies vLLM's reports on every pull of test_run.py's vLLM run
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reload path")]

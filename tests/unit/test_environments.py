@@ -11,12 +11,12 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from rlflow import registry
 from rlflow.stages import env_calculator, rewards, tasks
 from rlflow.stages.env_calculator import Calculator
 from rlflow.stages.env_python import PythonTool
 from rlflow.stages.environment import Environment, EnvStep
-
-from rlflow import registry
 
 
 def calc(expr: str) -> str:

@@ -14,13 +14,13 @@ pytest.importorskip("transformers")
 from engine_helpers import trajectories
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from rlflow.runtime.episodes import Episodes
 from rlflow.stages import tasks
 from rlflow.stages.engine_hf import HFEngine
 from rlflow.stages.environment import Environment, EnvStep
 from rlflow.stages.tiny_model import build_tiny_llama
 from rlflow.stages.trajectory import Trajectory
-
-from rlflow.runtime.episodes import Episodes
 
 OBSERVATION = " ab"
 STOP = (" ",)  # the repeat model writes words separated by spaces: every turn that goes on past a word is a tool call
@@ -87,7 +87,7 @@ def check_episode(t: Trajectory, tokenizer, max_turns: int, max_new_tokens: int)
     assert len(t.loss_mask) == len(t.behaviour_logprobs) == n <= max_new_tokens
     assert 1 <= len(t.turn_starts) <= max_turns and t.turn_starts == sorted(t.turn_starts)
     obs = tokenizer.encode(OBSERVATION, add_special_tokens=False)
-    for k, start in enumerate(t.turn_starts[1:]):  # before each later turn: exactly one observation, mask 0
+    for start in t.turn_starts[1:]:  # before each later turn: exactly one observation, mask 0
         assert t.completion_ids[start - len(obs):start] == obs
         assert t.loss_mask[start - len(obs):start] == [0] * len(obs)
         assert t.behaviour_logprobs[start - len(obs):start] == [0.0] * len(obs)

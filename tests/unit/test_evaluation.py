@@ -8,7 +8,6 @@ import random
 from itertools import combinations
 
 import pytest
-from rlflow.stages.tasks import repeat
 
 from rlflow.runtime.evaluation import (
     bucket,
@@ -20,6 +19,7 @@ from rlflow.runtime.evaluation import (
     pass_at_k,
     summarize,
 )
+from rlflow.stages.tasks import repeat
 
 
 def test_held_out_is_deterministic_and_near_the_fraction():

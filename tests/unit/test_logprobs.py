@@ -3,10 +3,11 @@ forward, and the trainer with and without chunks (one process, CPU)."""
 
 import pytest
 import torch
-from rlflow.stages import grpo
-from rlflow.stages.logprobs import TokenLogprobs, chunked_logprobs
 from test_packing import assert_same_step, gradient_step, stale
 from trainer_batches import build_tiny_llama, load_hf, make_batch
+
+from rlflow.stages import grpo
+from rlflow.stages.logprobs import TokenLogprobs, chunked_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ import math
 
 import numpy as np
 import pytest
-from rlflow.stages.trainer import nonfinite_verdict
 import test_trainer
 from trainer_batches import GROUP, load_hf, make_batch
+
+from rlflow.stages.trainer import nonfinite_verdict
 
 model_dir, trainer = test_trainer.model_dir, test_trainer.trainer  # the tiny Llama fixture and trainer of those tests
 

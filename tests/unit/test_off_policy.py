@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+
 from rlflow.stages import grpo
 
 RHO = [[4.0, 1.0, 0.25], [1.5, 2.5, 1.0]]
@@ -184,8 +185,9 @@ def stale_batch(tmp_path_factory):
 
 @pytest.mark.parametrize("off_policy", grpo.OFF_POLICY)
 def test_deepspeed_trainer_takes_a_step_with_each_correction(stale_batch, off_policy):
-    from rlflow.stages.trainer import DeepSpeedTrainer
     from trainer_batches import GROUP
+
+    from rlflow.stages.trainer import DeepSpeedTrainer
 
     model_dir, trajs = stale_batch
     tr = DeepSpeedTrainer(model_dir, os.path.join(REPO, "configs", "deepspeed", "zero0.json"), lr=1e-3, clip_low=0.2,

@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from rlflow.component_checks import SHIPPED_CONFIGS, resolve_path
 

@@ -8,11 +8,12 @@ import random
 import numpy as np
 import pytest
 import torch
+from trainer_batches import GROUP, VOCAB, build_tiny_llama, build_tiny_qwen2, load_hf, make_batch
+
 from rlflow.stages import grpo, packing
 from rlflow.stages.batch_shards import cost, shard_batch
 from rlflow.stages.trainer import DeepSpeedTrainer
 from rlflow.stages.trajectory import Trajectory
-from trainer_batches import GROUP, VOCAB, build_tiny_llama, build_tiny_qwen2, load_hf, make_batch
 
 # SGD at lr 1 without clipping: a step moves each weight by exactly minus its gradient
 SGD = {"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 0}, "steps_per_print": 10**6,
@@ -159,7 +160,7 @@ def test_packed_passes_run_on_the_tokens_alone(model_dir):
     for mode in (False, True):
         tr = DeepSpeedTrainer(model_dir, SGD, **ALGO, loss_agg="token", packing=mode)
         shapes = seen[mode] = []
-        tr.engine.module.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(args[0].shape))
+        tr.engine.module.get_input_embeddings().register_forward_hook(lambda m, args, out, shapes=shapes: shapes.append(args[0].shape))
         try:
             tr.train_step(batch, GROUP)
         finally:

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from rlflow.profile import Sample, fit_profile, measure_engine, write_profile
 from rlflow.operators.cost_profile import CostProfile
+from rlflow.profile import Sample, fit_profile, measure_engine, write_profile
 
 TRUE = {"k1": 7e-8, "k2": 1.7e-3, "k3": 1.25e-4, "k4": 1.07e-2}  # StaleFlow Table 4 (crossover n* = 13.6)
 

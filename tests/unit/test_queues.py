@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from rlflow.operators.policy import StalenessError
-from rlflow.operators.queues import InFlightLimit, OneStep, QueueDrop, QueueMax, Unbounded
 from rlflow.operators.policy_kinds import POLICIES, make_policy
+from rlflow.operators.queues import InFlightLimit, OneStep, QueueDrop, QueueMax, Unbounded
 from rlflow.operators.staleness_buffer import StaleFlowManager, Synchronous
 
 # kind -> make_policy keywords giving staleness bound `eta` (None where the policy fixes it)

@@ -19,7 +19,6 @@ from rlflow.runtime import reward_stream
 from rlflow.runtime.reward_call import FailureRate, RewardStageFailing, as_reward
 from rlflow.runtime.reward_stream import Score, StreamRunner
 
-
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"  # rewards_for_tests.py, imported by the child
 
 

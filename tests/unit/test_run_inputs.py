@@ -115,9 +115,9 @@ def compiled(tmp_path, monkeypatch):
 
 
 def run_exits_2(capsys, *argv) -> list[str]:
-    import ray
-
     from unittest import mock
+
+    import ray
 
     capsys.readouterr()
     # as on a fresh machine (the suite's integration tests may have left a cluster up): rlflow run would

@@ -13,6 +13,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+
 from rlflow.stages import sandbox
 
 # wall_s is generous because a Python start can take seconds on busy shared cores; the tests of the timeout use 2 s

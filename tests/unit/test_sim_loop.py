@@ -8,9 +8,9 @@ import pytest
 
 from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim import LengthSpec, SimConfig, Simulation, SimulationStalled, TrainerModel, simulate
-from rlflow.sim.slots import closed_form_config
 from rlflow.sim.fleet import Fleet
 from rlflow.sim.report import plot_report, text_report, write_report
+from rlflow.sim.slots import closed_form_config
 
 PROFILE = CostProfile.load("staleflow-table4-qwen3-30b-a3b")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rlflow.operators.cost_profile import CostProfile
 
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.sim import LengthSpec, SimConfig, Simulation, TrainerModel
 
 PROFILE = CostProfile(

@@ -5,29 +5,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from rlflow.operators.cost_profile import CostProfile
 
 from rlflow.cli import main
 from rlflow.compiler import compile_pipeline
+from rlflow.operators.cost_profile import CostProfile
 from rlflow.plan_read import rollout_stages
-from rlflow.sim import (
-    LengthSpec,
-    SimConfig,
-    SimConfigError,
-    Simulation,
-    TrainerModel,
-    simulate,
-)
+from rlflow.sim import LengthSpec, SimConfig, SimConfigError, Simulation, TrainerModel, simulate
 from rlflow.sim.config import StageSim
 from rlflow.sim.engine import Instance
 from rlflow.sim.fleet import Fleets
-from rlflow.sim.from_plan import (
-    ONE_STAGE_RULE,
-    not_simulable,
-    plan_rollout,
-    plan_rollouts,
-    sim_config,
-)
+from rlflow.sim.from_plan import ONE_STAGE_RULE, not_simulable, plan_rollout, plan_rollouts, sim_config
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 MIXED = PIPELINES / "mixed.yaml"  # edges[7] train -> gen_arith, edges[8] train -> gen_repeat (weight_sync)

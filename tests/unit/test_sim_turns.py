@@ -7,18 +7,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rlflow.operators.cost_profile import CostProfile
 from test_sim_properties import run_checked
 
 from rlflow.compiler import compile_pipeline
-from rlflow.sim import (
-    LengthSpec,
-    SimConfig,
-    SimConfigError,
-    Simulation,
-    TrainerModel,
-    simulate,
-)
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.sim import LengthSpec, SimConfig, SimConfigError, Simulation, TrainerModel, simulate
 from rlflow.sim.engine import Instance
 from rlflow.sim.fleet import CoordinatedFleet
 from rlflow.sim.from_plan import sim_config

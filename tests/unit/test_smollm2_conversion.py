@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from rlflow.stages import smollm2
 
 from rlflow.compiler import check_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.stages import smollm2
 
 needs_package = pytest.mark.skipif(bool(smollm2.missing()),
                                    reason=f"needs {', '.join(smollm2.missing())}: {smollm2.INSTALL}")

@@ -10,6 +10,7 @@ pytest.importorskip("transformers")
 
 import numpy as np
 from engine_helpers import reference_logprobs, run_to_idle
+
 from rlflow.stages.engine_hf import HFEngine
 from rlflow.stages.tiny_model import build_tiny_llama
 from rlflow.stages.trajectory import Trajectory

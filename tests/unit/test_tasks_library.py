@@ -9,9 +9,9 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlflow.stages import rewards, tasks
 
 from rlflow import registry
+from rlflow.stages import rewards, tasks
 
 ROW = {"numbers": [3, 5, 7, 2], "target": 24}
 

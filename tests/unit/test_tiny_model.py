@@ -13,8 +13,6 @@ from rlflow.stages import tasks  # noqa: E402
 from rlflow.stages.tiny_model import EVAL_SEED_OFFSET, accuracy, build_tiny_llama, encode_row, model_dir  # noqa: E402
 
 
-
-
 @pytest.fixture(scope="module")
 def quick_build(tmp_path_factory):
     """A fresh build into an empty cache with a short warm start: exercises the whole build path."""

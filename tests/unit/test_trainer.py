@@ -5,15 +5,10 @@ import os
 import numpy as np
 import pytest
 import torch
+from trainer_batches import GROUP, build_tiny_llama, load_hf, make_batch, mean_logprob
+
 from rlflow.stages.trainer import DeepSpeedTrainer
 from rlflow.stages.trajectory import Trajectory
-from trainer_batches import (
-    GROUP,
-    build_tiny_llama,
-    load_hf,
-    make_batch,
-    mean_logprob,
-)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ZERO = {s: os.path.join(REPO, "configs", "deepspeed", f"zero{s}.json") for s in range(4)}

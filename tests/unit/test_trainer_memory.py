@@ -4,9 +4,10 @@ model partitioned, and the lm_head chunks under ZeRO-3 (the reference model's pa
 import numpy as np
 import pytest
 import torch
-from rlflow.stages.trainer import DeepSpeedTrainer, _load_model
 from test_packing import SGD, assert_same_step, gradient_step, stale
 from trainer_batches import GROUP, build_tiny_llama, build_tiny_qwen2, load_hf, make_batch
+
+from rlflow.stages.trainer import DeepSpeedTrainer, _load_model
 
 ZERO3 = {**SGD, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", max_importance_ratio=5.0)
@@ -24,7 +25,7 @@ def test_gradient_checkpointing_recomputes_each_layer_and_keeps_the_step(model_d
         tr = DeepSpeedTrainer(model_dir, SGD, lr=1.0, kl_coef=0.0, packing=True, gradient_checkpointing=on, **ALGO)
         count = calls[on] = []
         # a pre-hook: the recompute stops early, once it has what backward needs, so the layer's forward never returns
-        tr.engine.module.model.layers[0].register_forward_pre_hook(lambda *_: count.append(1))
+        tr.engine.module.model.layers[0].register_forward_pre_hook(lambda *_, count=count: count.append(1))
         try:
             micro = tr.train_step(batch, GROUP)["micro_batches"]
         finally:
