@@ -8,6 +8,9 @@ from `control`. A trajectory's path, one module per hop:
   -> payload_store -> reward_stream (its task's reward stage) -> buffer -> train_sink -> trainer_worker
   -> parameter_server -> back to rollout_fleet;  checkpoint and metrics on the side.
 
+Set-up from the plan is run_setup.py (resume: run_resume.py); this module is the loop, the step's end, the
+checkpoint and the shutdown.
+
 The loop waits on one queue of events — finished step calls (Ray futures), scored groups from the
 reward streams, stream failures — with a timeout: it never polls, and a run in which nothing happens
 for the watchdog's limit (watchdog.py) stops with a checkpoint and a message saying what it was waiting for.
@@ -17,30 +20,25 @@ from __future__ import annotations
 
 import queue
 import signal
-import sys
 import time
 from pathlib import Path
 
 import ray
 
 from rlflow.errors import RunFailed
-from rlflow.plan_read import rollout_order
-from rlflow.runtime import checkpoint
-from rlflow.runtime.buffer import Buffer
-from rlflow.runtime.evaluation import Evaluations
-from rlflow.runtime.export import RunExports
-from rlflow.runtime.ledger import Ledger
+from rlflow.runtime import checkpoint, run_setup
 from rlflow.runtime.metrics import Metrics
-from rlflow.runtime.parameter_server import ParameterServerHandle
-from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.run_clock import RunClock
-from rlflow.runtime.scaling import Scaling
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
-from rlflow.runtime.train_sink import TrainSink
-from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, STALL_FACTOR, ProgressCheck, RunStalled, Watchdog
+from rlflow.runtime.watchdog import (
+    CALL_TIMEOUT_S,
+    NO_PROGRESS_BATCHES,
+    STALL_FACTOR,
+    ProgressCheck,
+    Watchdog,
+    get_within,
+)
 
-START_TIMEOUT_S = 900  # actors (engines, DeepSpeed) starting; vLLM on CPU takes about a minute
-CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load)
 HEARTBEAT_S = 5.0
 EVAL_WAIT_S = 900  # the end of a run waits this long for the evaluations still in flight
 
@@ -74,95 +72,11 @@ class Run:
         self.restored: list[str] = []  # buffered groups a resume put back (not generated again)
         self.ledger_before: dict = {}  # the ledger's counts when a resume found it
 
-    # ------------------------------------------------------------------ setup, from the plan
+    # ------------------------------------------------------------------ setup, from the plan (run_setup.py)
     def _start(self) -> None:
-        from transformers import AutoTokenizer
+        run_setup.start(self)  # resuming, when self.resume, through run_resume.restore
 
-        from rlflow.runtime.model import prepare_model
-        from rlflow.runtime.payload_store import PayloadStore
-        from rlflow.runtime.prompt_source import PromptSource, check_prompt_lengths, check_sources
-        from rlflow.runtime.reward_stream import RewardStream
-        from rlflow.runtime.tracking import Tracker
-
-        plan = self.plan
-        for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline
-            if d not in sys.path:
-                sys.path.insert(0, d)
-        check_sources(plan["tasks"], plan["source"])  # a bad row in a file's head fails before any actor starts
-        model_dir = str(prepare_model(plan, log=self.log))
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
-        max_model_len = plan["pipeline"]["model"]["max_model_len"]
-        check_prompt_lengths(plan["tasks"], tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
-                             source=plan["source"])  # an over-long prompt in a file's head, before any actor starts
-        self.clock.mark("model")
-        actors = {a["role"]: a for a in plan["actors"]}
-        self.store = PayloadStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
-        self.weights = ParameterServerHandle(actors["parameter_server"], CALL_TIMEOUT_S)
-        self.sink = TrainSink(plan, model_dir=model_dir, store=self.store, params=self.weights.server)
-        self.ledger = Ledger(self.out_dir, self.control["eta"], fresh=not self.resume)
-        self.buffer = Buffer(self.control, self.store, self.ledger, self.counts, self._abort_group, log=self.log)
-        rollout_stages = rollout_order(plan)  # the simulator serves its fleets in the same order
-        state, resumed = None, None
-        if self.resume:
-            state = checkpoint.load(self.out_dir, self.sink, source=plan["source"], log=self.log)  # falls back, saying so
-            self.ledger_before = self.ledger.counts()
-            resumed = self.ledger.resume(state["step"])
-        self.prompts = PromptSource(plan["tasks"], tokenizer, max_new_tokens=max_new,
-                                    max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
-                                    source=plan["source"], skip=resumed.drawn if resumed else None)
-        self.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=self.store, buffer=self.buffer, prompts=self.prompts,
-                                    ledger=self.ledger, counts=self.counts, log=self.log) for s in rollout_stages]
-        self.elastic = Scaling(self.fleets, self.out_dir, log=self.log)  # `rlflow scale`, and elastic.auto
-        filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
-        self.streams = [RewardStream(self.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
-                                     concurrency=op["concurrency"], num_cpus=op["num_cpus"],
-                                     source=plan["source"], resources=op.get("resources"))
-                        for op in plan["data_operators"] if op["kind"] == "reward"]
-        self.model_dir = model_dir
-        self.evals = Evaluations(plan, model_dir, tokenizer)  # held-out scoring on an actor of its own
-        save_every = next(a for a in plan["actors"] if a["role"] == "trainer").get("save_every", 0)
-        self.exports = RunExports(self.out_dir, model_dir, plan, save_every)  # export/step-<N>/, and export/ at the end
-        if state:
-            self._restore(state, resumed)
-        starting = {"rollout": [r for f in self.fleets for r in f.ready_refs()], "trainer": [self.sink.actor.ready.remote()],
-                    "evaluator": self.evals.ready_refs()}
-        self.clock.mark("actors_created")
-        self.tracker = Tracker(self.plan, run_id=self.tracker_run_id)  # MLflow's set-up overlaps the actors' start
-        self.clock.mark("tracker")
-        self._await_ready(starting)
-        self._get(self.sink.actor.publish.remote(self.step), CALL_TIMEOUT_S, "the trainer to publish the initial weights")
-        self.clock.mark("publish")
-        self.weights.refresh()
-        if self.step:
-            for f in self.fleets:
-                f.start_at(self.weights.version, self.weights.ref)
-        elif self.evals.due(0):
-            self.evals.submit(0, self.weights.ref, self._submit)  # the starting point of the accuracy curve
-        for s in self.streams:
-            s.start(self.events)
-
-    def _await_ready(self, starting: dict[str, list]) -> None:
-        """Wait for every actor's ready() (they start concurrently); note when each role's last one was ready."""
-        pending = {ref: role for role, refs in starting.items() for ref in refs}
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                roles = sorted(set(pending.values()))
-                raise RunStalled(f"waited {START_TIMEOUT_S:.0f} s for the {' and '.join(roles)} actors to start; "
-                                 "see the Ray logs above")
-            role = pending.pop(ready[0])
-            ray.get(ready[0])  # an actor whose constructor failed raises here
-            if role not in pending.values():
-                self.clock.mark(role)
-
-    @staticmethod
-    def _get(refs, timeout_s: float, what: str):
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RunStalled(f"waited {timeout_s:.0f} s for {what}; see the Ray logs above") from None
+    _get = staticmethod(get_within)
 
     def _submit(self, ref, tag) -> None:
         """When `ref` completes, its future arrives on the event queue."""
@@ -384,7 +298,7 @@ class Run:
                                                             if self.saved_step is not None else "")
         return f"the export of step {self.step} (its checkpoint is saved)"
 
-    # ------------------------------------------------------------------ checkpoint / resume / shutdown
+    # ------------------------------------------------------------------ checkpoint / shutdown (resume: run_resume.py)
     def _checkpoint(self) -> None:
         self.ledger.flush()
         state = {"step": self.step, "version": self.weights.version, "mlflow_run_id": self.tracker.run_id,
@@ -395,38 +309,6 @@ class Run:
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.saved_step = self.step
         self.log(f"checkpoint at step {self.step}: {path}")
-
-    def _restore(self, state: dict, resumed) -> None:
-        self.step = state["step"]
-        self.metrics.history, self.metrics.staleness_all = state["history"], state["staleness_all"]
-        self.counts.update(state["counts"])
-        self.metrics.evals = state.get("evals", [])
-        self.tracker_run_id = state["mlflow_run_id"]
-        self.buffer.policy.version = self.step  # the control plane resumes at the trainer's version
-        replay, fates = list(resumed.replay), {"restored": [], "regenerate": [], "dropped": []}
-        if resumed.restore:  # buffered groups go back as they were: payloads to the store, entries to the policy
-            rows = [row for r in resumed.restore for row in r.rows]
-            self._get(self.store.put.remote(rows), CALL_TIMEOUT_S, "the payload store to take the restored groups")
-            for r in resumed.restore:
-                fate = self.buffer.restore(r.gid, r.v_traj, r.rewards)
-                fates[fate].append(r)
-                if fate == "restored":
-                    fleet = next(f for f in self.fleets if r.task in f.tasks)
-                    fleet.lengths.update({f"{row['group_id']}/{row['index']}": len(row["completion_ids"]) for row in r.rows})
-                else:
-                    self.store.discard.remote(list(r.rewards))
-                if fate == "regenerate":  # the policy has no room for it now: generated again, after the others
-                    self.ledger.regenerate(r.gid)
-                    replay.append(r.prompt)
-        self.ledger.flush()
-        self.restored = [r.gid for r in fates["restored"]]
-        for key, n in (("restored", len(self.restored)), ("regenerated", len(replay)), ("dropped", len(fates["dropped"]))):
-            self.counts[f"resume_{key}_groups"] = self.counts.get(f"resume_{key}_groups", 0) + n  # over all resumes
-        self.log(f"resuming at step {self.step}: {len(fates['restored'])} buffered group(s) restored from the ledger, "
-                 f"{len(replay)} group(s) generated again first (in flight, or generated by weights the checkpoint "
-                 f"lost), {len(fates['dropped'])} dropped as now above the bound (ledger before: {self.ledger_before})")
-        for f in self.fleets:
-            f.replay = [p for p in replay if p["task"] in f.tasks]
 
     def _finish_last_step(self, status: str) -> str:
         """The step in flight when the run stops; "FAILED" (nothing to save) when the trainer died meanwhile (a lost

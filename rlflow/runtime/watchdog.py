@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import ray
+
 from rlflow.errors import RunFailed
 
 STALL_FACTOR, STALL_MIN_S, STALL_FIRST_S = 20.0, 120.0, 600.0
@@ -25,8 +27,19 @@ STALL_FACTOR, STALL_MIN_S, STALL_FIRST_S = 20.0, 120.0, 600.0
 NO_PROGRESS_BATCHES = 50
 
 
+CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load, the store taking restored groups)
+
+
 class RunStalled(RunFailed):
     """Nothing happened for the stall limit; the message says what the run was waiting for."""
+
+
+def get_within(refs, timeout_s: float, what: str):
+    """ray.get, raising RunStalled (naming `what`) past `timeout_s`: a blocking call on an actor is bounded too."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RunStalled(f"waited {timeout_s:.0f} s for {what}; see the Ray logs above") from None
 
 
 class Watchdog:
