@@ -10,6 +10,7 @@ from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.placement import check_stage_resources
 from rlflow.plan import lower
+from rlflow.plan_model import Plan, PlanOutdated
 from rlflow.resource_checks import check_machine
 from rlflow.schema import Pipeline
 from rlflow.user_code import python_path, search_dirs
@@ -94,6 +95,10 @@ def read_plan(path: str | Path = DEFAULT_PLAN) -> dict:
     if not isinstance(plan, dict) or plan.get("plan_version") != PLAN_VERSION:
         raise PipelineInvalid(str(path), [Problem((), f"plan version {plan.get('plan_version') if isinstance(plan, dict) else '?'} is not {PLAN_VERSION}",
                                                   "plan-version", "re-run `rlflow compile` with this rlflow")])
+    try:
+        Plan.checked(plan)  # a wrong shape here, not a KeyError deep in the runtime
+    except PlanOutdated as e:
+        raise PipelineInvalid(str(path), [Problem((), str(e), "plan-outdated", "re-run `rlflow compile` with this rlflow")]) from None
     return plan
 
 
