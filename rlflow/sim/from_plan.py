@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
-from rlflow.plan_read import PlanCoordination, named_profile, rollout_order, stage_coordination, stage_length_law
+from rlflow.plan_model import Plan
+from rlflow.plan_read import PlanCoordination, named_profile, stage_coordination, stage_length_law
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.lengths import expected_length
 
@@ -22,20 +23,22 @@ ONE_STAGE_FIX = ("give every rollout stage least_loaded routing, no migration, n
                  "each stage in a pipeline of its own (e.g. quickstart.yaml for arith, learn_repeat.yaml for repeat)")
 
 
-def not_simulable(plan: dict) -> str | None:
+def not_simulable(plan: dict | Plan) -> str | None:
     """Why the simulator cannot run this plan as declared (None: it can), for rule ONE_STAGE_RULE. One rollout stage
     simulates with any coordination. Several get a fleet each under one policy, trainer and weights version, which
     the simulator models only uncoordinated and single-turn, with one sync and one profile; anything else would be
     simulated otherwise than declared, so `rlflow simulate` refuses it."""
-    names = rollout_order(plan)
+    plan = Plan.of(plan)
+    names = plan.rollout_stages()
     if len(names) < 2:
         return None
     why = []
-    if (plan["pipeline"]["workload"].get("turns") or 1) > 1:
-        why.append(f"workload.turns is {plan['pipeline']['workload']['turns']} (multi-turn episodes)")
+    workload = plan.pipeline["workload"]
+    if (workload.get("turns") or 1) > 1:
+        why.append(f"workload.turns is {workload['turns']} (multi-turn episodes)")
     syncs, profiles = {}, {}
     for name in names:
-        stage, pc = plan["pipeline"]["stages"][name], stage_coordination(plan, name)
+        stage, pc = plan.pipeline["stages"][name], stage_coordination(plan, name)
         if not pc.vanilla or pc.skew_aware:
             why.append(f"{name} is coordinated (routing {pc.routing}, migration {pc.migration}, sync {pc.sync}, "
                        f"dispatch {pc.dispatch['kind']})")
@@ -56,10 +59,10 @@ def not_simulable(plan: dict) -> str | None:
     return None
 
 
-def plan_rollouts(plan: dict) -> list[tuple[str, dict]]:
+def plan_rollouts(plan: dict | Plan) -> list[tuple[str, dict]]:
     """Every rollout stage of the plan and its settings, in the order `rlflow run` serves their fleets."""
-    stages = plan["pipeline"]["stages"]
-    return [(name, stages[name]) for name in rollout_order(plan)]
+    plan = Plan.of(plan)
+    return [(name, plan.pipeline["stages"][name]) for name in plan.rollout_stages()]
 
 
 def plan_rollout(plan: dict) -> tuple[str, dict]:
@@ -126,10 +129,11 @@ def _elastic(rollout: dict) -> dict:
     return {"elastic_min": e["min_replicas"], "elastic_max": e["max_replicas"], "elastic_window": e["window_steps"]}
 
 
-def share_notes(plan: dict) -> list[str]:
+def share_notes(plan: dict | Plan) -> list[str]:
     """The prompt-share assumption, for each skew-aware stage with varying lengths: what a prompt ranker can find
     depends on it (benchmarks/prompt_share.py)."""
-    w = plan["pipeline"]["workload"]
+    plan = Plan.of(plan)
+    w = plan.pipeline["workload"]
     out = []
     for name, rollout in plan_rollouts(plan):
         lengths = stage_lengths(w, name, rollout)
@@ -172,21 +176,22 @@ def decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: Le
     return instances * n / prof.step_latency(prof.k5 * held, n)
 
 
-def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: int | dict[str, int] | None = None,
+def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instances: int | dict[str, int] | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
                seed: int | None = None, scale: tuple = ()) -> tuple[SimConfig, list[str]]:
     """The simulation of `plan`, and notes on what was assumed. instances: an int (single-stage plans), or rollout
     stage name -> instances; default each stage's replicas. scale: ((after_step, instances), ...), what `rlflow
     scale` would ask of an elastic stage during the run. Several rollout stages: one fleet each (cost_model mode)."""
     notes: list[str] = []
+    plan = Plan.of(plan)
     why = not_simulable(plan)
     if why:
         raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
     rollouts = plan_rollouts(plan)
     counts = instance_counts(rollouts, instances)
     name, rollout = rollouts[0]
-    w = plan["pipeline"]["workload"]
-    control = plan["control"]["staleness"]
+    w = plan.pipeline["workload"]
+    control = plan.staleness
     pc = stage_coordination(plan, name)
     sync, dispatch = pc.sync, pc.dispatch
     coordination = dict(routing=pc.routing, migration=pc.migration, coordinator_interval_s=pc.interval_s,
@@ -208,10 +213,10 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         raise ValueError(f"slots mode models one pool of slots; a plan with {len(rollouts)} rollout stages simulates in "
                          "cost_model mode (leave --mode out)")
     instances = counts[0]
-    common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control["batch_size"],
-                  policy=control["kind"], eta=control["eta"], capacity=control["capacity"],
-                  batch_redundancy=control["batch_redundancy"], steps=steps, warmup_steps=min(10, steps // 5),
-                  seed=plan["pipeline"]["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
+    common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control.batch_size,
+                  policy=control.kind, eta=control.eta, capacity=control.capacity,
+                  batch_redundancy=control.batch_redundancy, steps=steps, warmup_steps=min(10, steps // 5),
+                  seed=plan.pipeline["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
                   **episodes(rollout, w, notes))
     if mode == "slots":
         if not w["rollout_tokens_per_s"]:
@@ -234,12 +239,12 @@ def sim_config(plan: dict, *, steps: int, mode: str | None = None, instances: in
         notes += share_notes(plan)
         config_kw = dict(mode="cost_model", instances=instances, profile=prof, weight_sync=sync,
                          partial_rollout=pc.partial_rollout, scale=tuple(scale), **coordination, **_elastic(rollout))
-        v_r = decode_rate(prof, rollout, control["batch_size"], lengths, instances, prompt_tokens)
+        v_r = decode_rate(prof, rollout, control.batch_size, lengths, instances, prompt_tokens)
         stages = []
         for (other, stage), n in zip(rollouts[1:], counts[1:]):
             stage_prof = replace(base, max_running=min(base.max_running, stage["max_running"]))
             stages.append(StageSim(other, n, stage_lengths(w, other, stage), stage["group_size"], stage_prof.max_running))
-            v_r += decode_rate(stage_prof, stage, control["batch_size"], stages[-1].lengths, n, prompt_tokens)
+            v_r += decode_rate(stage_prof, stage, control.batch_size, stages[-1].lengths, n, prompt_tokens)
         config_kw["stages"] = tuple(stages)
     v_t = train_tokens_per_s or w["train_tokens_per_s"]
     if v_t is None:
