@@ -29,6 +29,7 @@ from rlflow.errors import RunFailed  # noqa: E402
 from rlflow.runtime import checkpoint  # noqa: E402
 from rlflow.runtime.fault_points import ENV, POINTS  # noqa: E402
 from rlflow.runtime.ledger import Ledger  # noqa: E402
+from rlflow.runtime.messages import Prompt  # noqa: E402
 from rlflow.stages.trainer import DeepSpeedTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ class MiniRun:
     def train(self, step: int, *, restored: bool = False) -> None:
         gid = f"g{step}"
         if not restored:  # drawn (or drawn again: the ledger counts the attempt), generated, buffered
-            self.ledger.drawn(gid, {"task": "t", "n": step - 1, "prompt": f"prompt {step}"})
+            self.ledger.drawn(gid, Prompt(task="t", n=step - 1, prompt=f"prompt {step}"))
             self.ledger.state(gid, "generated", v_traj=step - 1)
             self.ledger.finished(f"{gid}/0", gid, step - 1, 5)
             self.ledger.buffered(gid, [{"group_id": gid, "index": 0, "version": step - 1}], {f"{gid}/0": 1.0})
@@ -94,7 +95,7 @@ class MiniRun:
         resumed = self.ledger.resume(state["step"])
         self.step = state["step"]
         return {"step": state["step"], "history": state["history"], "counters": self.tr.counters(),
-                "restore": [r.gid for r in resumed.restore], "replay": [p["prompt"] for p in resumed.replay]}
+                "restore": [r.gid for r in resumed.restore], "replay": [p.prompt for p in resumed.replay]}
 
     def finish(self, out: dict) -> dict:
         self.ledger.check(STEPS, 1)  # every step trained one group, none twice

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from rlflow.errors import RunFailed
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.policy_kinds import make_policy
+from rlflow.runtime.messages import ScoredBatch, TrainBatch
 
 PAYLOAD_TIMEOUT_S = 120.0  # the payload store hands over a batch of buffered groups' payloads for the ledger
 
@@ -48,17 +49,18 @@ class Buffer:
         self.group_version[gid] = version
 
     # ------------------------------------------------------------------ from the reward streams
-    def rewarded_batch(self, batch: dict) -> list[tuple[str, list[float]]]:
+    def rewarded_batch(self, batch: ScoredBatch) -> list[tuple[str, list[float]]]:
         """A reward stream's output (one row per trajectory, whole groups): each group to `rewarded`.
         Returns (task, rewards scored) per group, for the metrics."""
         groups: dict[str, list[tuple]] = {}
         tasks: dict[str, str] = {}
-        columns = ("traj_id", "group_id", "task", "reward", "reward_error", "kept")
-        for tid, gid, task, r, err, kept in zip(*(batch[k] for k in columns)):
-            groups.setdefault(str(gid), []).append((str(tid), float(r), str(err or ""), bool(kept)))
-            tasks[str(gid)] = str(task)
-        if "v_min" in batch:  # the store's record of each member's version span
-            self.ledger.spans({str(t): (int(lo), int(hi)) for t, lo, hi in zip(batch["traj_id"], batch["v_min"], batch["v_max"])})
+        for t in batch.rows:
+            groups.setdefault(str(t.group_id), []).append((str(t.traj_id), float(t.reward), str(t.reward_error or ""),
+                                                           bool(t.kept)))
+            tasks[str(t.group_id)] = str(t.task)
+        spans = {str(t.traj_id): (int(t.v_min), int(t.v_max)) for t in batch.rows if t.v_min is not None}
+        if spans:  # the store's record of each member's version span
+            self.ledger.spans(spans)
         out, fresh = [], []
         for gid, rows in groups.items():
             if gid not in self.group_version and gid not in self.evicted:
@@ -155,8 +157,8 @@ class Buffer:
     def ready(self) -> bool:
         return self.policy.ready()
 
-    def consume(self) -> tuple[object, dict[str, float], dict[str, list[str]]]:
-        """The next batch: (policy batch, {traj_id: reward}, {gid: member traj ids}); invariants checked."""
+    def consume(self) -> TrainBatch:
+        """The next batch for the trainer, its invariants checked."""
         batch = self.policy.consume()
         self._evict(batch.dropped)
         staleness = batch.staleness()
@@ -170,7 +172,7 @@ class Buffer:
                 raise InvariantViolation(f"group {e.gid} would be trained twice")
             rewards |= group
             groups[e.gid] = list(group)
-        return batch, rewards, groups
+        return TrainBatch(batch, rewards, groups)
 
     @property
     def counters(self):

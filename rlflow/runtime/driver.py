@@ -205,11 +205,12 @@ class Run:
             self.metrics.rewarded(task, scored)
 
     def _consume(self) -> None:
-        batch, rewards, groups = self.buffer.consume()
-        staleness = {e.gid: batch.version - e.version for e in batch.entries}
+        batch = self.buffer.consume()
+        rewards = batch.rewards
+        staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
         self.ledger.trained(self.step + 1, staleness, list(rewards))
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
-        self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, groups, staleness, lengths), self._submit)
+        self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
 
     def _on_trained(self, trained: dict) -> None:
         """A train step's result: finish it, unless its loss, gradient or update was not finite (trainer.py

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlflow.operators.policy import InvariantViolation
+from rlflow.runtime.messages import Prompt
 
 FILE = "ledger.sqlite"
 TERMINAL = ("trained", "filtered", "dropped", "aborted")
@@ -54,7 +55,7 @@ class Restorable:
     gid: str
     task: str
     v_traj: int
-    prompt: dict  # the drawn prompt, to generate it again if the policy has no room for it
+    prompt: Prompt  # the drawn prompt, to generate it again if the policy has no room for it
     rows: list[dict]  # its kept members' Trajectory.as_dict(), with their original versions
     rewards: dict[str, float]  # traj_id -> reward
 
@@ -63,7 +64,7 @@ class Restorable:
 class Resumed:
     """What `Ledger.resume(step)` found."""
 
-    replay: list[dict] = field(default_factory=list)  # prompts to generate again first, in draw order
+    replay: list[Prompt] = field(default_factory=list)  # prompts to generate again first, in draw order
     drawn: dict[str, int] = field(default_factory=dict)  # rows drawn per task (the prompt source skips them)
     restore: list[Restorable] = field(default_factory=list)  # in the order they were buffered
 
@@ -92,11 +93,11 @@ class Ledger:
     def _q(self, sql: str, args: tuple) -> None:
         self.pending.append((sql, args))
 
-    def drawn(self, gid: str, prompt: dict) -> None:
+    def drawn(self, gid: str, prompt: Prompt) -> None:
         self.seq += 1
         self._q("insert into groups (gid, seq, task, n, prompt, state) values (?, ?, ?, ?, ?, 'drawn') "
                 "on conflict(gid) do update set state='drawn', attempt=attempt+1, v_traj=null, step=null",
-                (gid, self.seq, prompt["task"], prompt["n"], json.dumps(prompt)))
+                (gid, self.seq, prompt.task, prompt.n, json.dumps(prompt.to_json())))
 
     def state(self, gid: str, state: str, v_traj: int | None = None) -> None:
         if v_traj is None:
@@ -189,7 +190,8 @@ class Ledger:
             for gid, task, v_traj, prompt, members, rewards in rows:
                 members = json.loads(members)
                 if v_traj is not None and v_traj <= step and all(span(m)[1] <= step for m in members):
-                    restore.append(Restorable(gid, task, v_traj, json.loads(prompt), members, json.loads(rewards)))
+                    restore.append(Restorable(gid, task, v_traj, Prompt.from_json(json.loads(prompt)), members,
+                                              json.loads(rewards)))
             keep = [r.gid for r in restore]
             not_kept = f"gid not in ({','.join('?' * len(keep))})"
             self.db.execute(f"delete from payloads where {not_kept}", keep)
@@ -198,7 +200,7 @@ class Ledger:
         replay = self.db.execute(f"select prompt from groups where state not in {_IN_TERMINAL} and {not_kept} "
                                  "order by seq", (*TERMINAL, *keep)).fetchall()
         drawn = dict(self.db.execute("select task, max(n) + 1 from groups group by task").fetchall())
-        return Resumed([json.loads(p) for (p,) in replay], drawn, restore)
+        return Resumed([Prompt.from_json(json.loads(p)) for (p,) in replay], drawn, restore)
 
     def counts(self) -> dict[str, int]:
         """Groups per state (cumulative over the run and its resumes)."""

@@ -21,6 +21,7 @@ from rlflow import registry
 from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem
 from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
 from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
+from rlflow.runtime.messages import Prompt
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 
 BATCH_ROWS = 256  # rows per batch fetched into the driver
@@ -265,7 +266,7 @@ def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: d
 
 
 class PromptSource:
-    """The next prompt for a set of tasks, as {"task", "n", "prompt", "answer", "prompt_ids", "row"}."""
+    """The next prompt (messages.Prompt) for a set of tasks."""
 
     def __init__(self, tasks: dict[str, dict], tokenizer, *, max_new_tokens: dict[str, int], max_model_len: int,
                  seed: int, source: str, skip: dict[str, int] | None = None):
@@ -278,7 +279,7 @@ class PromptSource:
         self.drawn.update(self.to_skip)
         self.current = wrr_state(self.weights, self.drawn)
 
-    def next(self, tasks: list[str]) -> dict:
+    def next(self, tasks: list[str]) -> Prompt:
         """The next prompt of one of `tasks`, chosen by their weights."""
         task = wrr_pick(self.current, self.weights, list(tasks))
         stream = self.streams[task]
@@ -299,7 +300,7 @@ class PromptSource:
         if len(ids) + budget > self.max_model_len:
             where = stream.where(lambda r: isinstance(r, dict) and str(r.get(prompt_field)) == prompt, "prompt-too-long")
             stream.stop(*too_long(where, prompt, len(ids), budget, self.max_model_len))
-        return {"task": task, "n": n, "prompt": prompt, "answer": answer, "prompt_ids": ids, "row": plain(row)}
+        return Prompt(task, n, prompt, answer, ids, plain(row))
 
     def position(self) -> dict[str, int]:
         """Rows drawn per task so far (a resumed source counts the skipped rows): pass as `skip` to resume."""

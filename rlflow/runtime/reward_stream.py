@@ -12,10 +12,10 @@ per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
 Where it runs: a StreamHost actor holds the Dataset and iterates it, so Ray Data's streaming executor runs in that
 actor's process, not the driver's; the driver's RewardStream forwards the host's events with a long poll.
-Output: `start(out)` puts ("rewarded", stage, batch) per bundle, where batch is a dict of equal-length lists,
-one entry per trajectory, whole groups only: group_id, traj_id, task, reward (float; nan when it failed),
-reward_error ("" or why it failed), kept (the group filter's verdict for the member's group), v_min and v_max
-(the member's version span, passed through from the store for the ledger). A batch Ray Data scores twice (its
+Output: `start(out)` puts ("rewarded", stage, messages.ScoredBatch) per bundle, one row per trajectory, whole
+groups only: group_id, traj_id, task, reward (float; nan when it failed), reward_error ("" or why it failed), kept
+(the group filter's verdict for the member's group), v_min and v_max (the member's version span, passed through
+from the store for the ledger). A batch Ray Data scores twice (its
 worker died and the batch was retried) is recorded once: the buffer ignores a group's second reward.
 On failure, or if the stream ends while not closed, it puts ("error", stage, RuntimeError naming the stage).
 
@@ -40,6 +40,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
+from rlflow.runtime.messages import ScoredBatch
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 from rlflow.runtime.reward_call import (
     REWARD_TIMEOUT_S,
@@ -243,7 +244,7 @@ class StreamRunner:
                                                               self.reward_timeout_s)))
                     return
                 if batch["traj_id"]:
-                    out.put(("rewarded", self.stage, batch))
+                    out.put(("rewarded", self.stage, ScoredBatch.from_columns(batch)))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
                     self.failures.add(batch["reward_error"])
                     if self.failures.too_high() and not self._closing.is_set():

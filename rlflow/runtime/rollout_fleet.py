@@ -19,12 +19,13 @@ from rlflow.errors import RunFailed
 from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import DispatchLanes
+from rlflow.runtime.messages import Prompt, StepReport
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.runtime.rollout_coordinator import RolloutCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
 from rlflow.runtime.trajectory_server import traj_id
-from rlflow.stages.trajectory import member_id
+from rlflow.stages.trajectory import Trajectory, member_id
 
 
 @dataclass
@@ -89,7 +90,7 @@ class RolloutFleet:
         self.dispatch = DispatchLanes.for_stage(pc, rollout, batch_groups=self.batch_groups,
                                                   max_model_len=self.spec["engine_kwargs"]["max_model_len"],
                                                   counts=counts, log=log)
-        self.replay: list[dict] = []  # prompts drawn but not trained before a resumed checkpoint: drawn first
+        self.replay: list[Prompt] = []  # prompts drawn but not trained before a resumed checkpoint: drawn first
         self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
         self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
         self.pull_s = 0.0
@@ -119,13 +120,12 @@ class RolloutFleet:
 
     # ------------------------------------------------------------------ prompts -> the TS
     def _draw(self) -> tuple[str, list[dict]]:
+        """A prompt's group for the TS: one row (Trajectory.as_dict()) per member, nothing generated yet."""
         p = self.replay.pop(0) if self.replay else self.prompts.next(self.tasks)
-        gid = f"{p['task']}-{p['n']}"
+        gid = p.group_id
         self.ledger.drawn(gid, p)
-        return gid, [{"group_id": gid, "index": m, "prompt": p["prompt"], "answer": p["answer"],
-                      "prompt_ids": p["prompt_ids"], "completion_ids": [], "behaviour_logprobs": [],
-                      "version": 0, "versions_seen": [], "task": p["task"], "row": p["row"], "n": p["n"]}
-                     for m in range(self.members)]
+        return gid, [Trajectory(group_id=gid, index=m, prompt=p.prompt, answer=p.answer, prompt_ids=p.prompt_ids,
+                                task=p.task, row=p.row).as_dict() for m in range(self.members)]
 
     def _top_up(self) -> None:
         """Keep one batch of groups drawn ahead but not routed (§5.1: the TS samples prompts ahead).
@@ -190,31 +190,31 @@ class RolloutFleet:
         return [f"{self.stage} instance {i.index} step" for i in self.instances if i.ref is not None]
 
     # ------------------------------------------------------------------ results
-    def on_step(self, inst: RolloutInstance, result: dict) -> None:
+    def on_step(self, inst: RolloutInstance, report: StepReport) -> None:
         inst.ref = None
         if inst.pulling is not None:  # verified delivery: the engine holds exactly the version it was sent
-            verify_loaded(self.stage, inst.index, inst.pulling, result["loaded"])
+            verify_loaded(self.stage, inst.index, inst.pulling, report.loaded)
             self.verified.append((inst.index, inst.pulling.version))
             inst.pulling = None
-        inst.busy_s += result["busy_s"] + result["pull_s"]
-        inst.step_s += result["busy_s"]
-        inst.finished_tokens += sum(meta["tokens"] for meta in result["finished"])
-        inst.finished += len(result["finished"])
-        inst.idle = result["idle"]
-        snap = result["snapshot"]
+        inst.busy_s += report.busy_s + report.pull_s
+        inst.step_s += report.busy_s
+        inst.finished_tokens += sum(meta.tokens for meta in report.finished)
+        inst.finished += len(report.finished)
+        inst.idle = report.idle
+        snap = report.snapshot
         inst.version, inst.snapshot = snap["version"], snap
         self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap["run_trajs"])))
-        self.pull_s += result["pull_s"]
+        self.pull_s += report.pull_s
         if self.episodic:
-            self._count_episodes(result)
-        for meta in result["finished"]:
-            tid = member_id(meta["group_id"], meta["index"])
-            self.lengths[tid] = meta["tokens"]
-            self.ledger.finished(tid, meta["group_id"], meta["version"], meta["tokens"])
+            self._count_episodes(report)
+        for meta in report.finished:
+            tid = member_id(meta.group_id, meta.index)
+            self.lengths[tid] = meta.tokens
+            self.ledger.finished(tid, meta.group_id, meta.version, meta.tokens)
             self.coordination.finished(inst, tid)
             if inst.running.pop(tid, None) is None:
                 continue  # finished after we aborted it: the store's copy is discarded with the abort
-            gid = meta["group_id"]
+            gid = meta.group_id
             if gid not in self.assembler:
                 self.store.discard.remote([tid])
                 continue
@@ -222,17 +222,17 @@ class RolloutFleet:
             if done is not None:
                 self._group_done(gid, done)
         # partial rollouts back to the TS, or to the instance a Route waits with
-        self.counts["rerouted"] += self.coordination.returned(inst, result["interrupted"], self.instances)
+        self.counts["rerouted"] += self.coordination.returned(inst, report.interrupted, self.instances)
 
-    def _count_episodes(self, result: dict) -> None:
+    def _count_episodes(self, report: StepReport) -> None:
         """Turns, environment tokens and environment time of the episodes that ended; trajectories now waiting on
         an environment (the snapshot's env_trajs) per instance."""
-        for meta in result["finished"]:
+        for meta in report.finished:
             self.counts["episodes"] += 1
-            self.counts["episode_turns"] += meta["turns"]
-            self.counts["env_tokens"] += meta["env_tokens"]
-            self.counts["env_wait_s"] += meta["env_s"]
-        self.counts[f"env_waiting_{self.stage}_{result['instance']}"] = len(result["snapshot"].get("env_trajs", ()))
+            self.counts["episode_turns"] += meta.turns
+            self.counts["env_tokens"] += meta.env_tokens
+            self.counts["env_wait_s"] += meta.env_s
+        self.counts[f"env_waiting_{self.stage}_{report.instance}"] = len(report.snapshot.get("env_trajs", ()))
 
     def _group_done(self, gid: str, done) -> None:
         self._abort_members(done.surplus)

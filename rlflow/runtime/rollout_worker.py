@@ -14,6 +14,7 @@ import time
 import ray
 
 from rlflow import registry
+from rlflow.runtime.messages import FinishedMeta, StepReport
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.parameter_server import pull_buckets
 from rlflow.stages.engine import EngineDied
@@ -55,10 +56,10 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.instance_id
 
-    def step(self, route: list[dict], abort: list[str], interrupt: list[str], pull) -> dict:
+    def step(self, route: list[dict], abort: list[str], interrupt: list[str], pull) -> StepReport:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
-        pull: None, or (version, parameter_server.Published) to load before generating. The result's "loaded" is
+        pull: None, or (version, parameter_server.Published) to load before generating. The report's `loaded` is
         then the engine's report of what it loaded ({version, checksum}), which the driver verifies.
         """
         from rlflow.stages.trajectory import Trajectory
@@ -110,16 +111,14 @@ class RolloutWorker:
         finished = [t.as_dict() for t in done]
         if finished:
             ray.get(self.store.put.remote(finished))  # payload in the store before the driver hears of it
-        meta = [{k: t[k] for k in ("group_id", "index", "version", "finish_reason", "env_s")}
-                | {"tokens": len(t["completion_ids"]), "turns": len(t["turn_starts"]) or 1, "env_tokens": t["loss_mask"].count(0)}
-                for t in finished]
+        meta = [FinishedMeta(t["group_id"], t["index"], t["version"], t["finish_reason"], len(t["completion_ids"]),
+                             len(t["turn_starts"]) or 1, t["loss_mask"].count(0), t["env_s"]) for t in finished]
         snapshot = self.engine.snapshot()
         if episodes:
             snapshot["env_trajs"] = episodes.waiting_ids()  # between turns, on their environment
             snapshot["complete_trajs"] -= self.turns_not_complete  # episodes, as the coordinator counts them
-        return {"instance": self.instance_id, "finished": meta, "interrupted": interrupted, "snapshot": snapshot,
-                "busy_s": busy, "pull_s": pull_s, "idle": self.engine.idle and not (episodes and episodes.waiting),
-                "loaded": loaded}
+        return StepReport(self.instance_id, meta, interrupted, snapshot, busy, pull_s,
+                          self.engine.idle and not (episodes and episodes.waiting), loaded)
 
     def _interrupt(self, tid: str):
         """Hand a trajectory back partial: off the engine, or (multi-turn) from its environment; its episode's

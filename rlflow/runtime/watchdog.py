@@ -20,6 +20,7 @@ from collections.abc import Callable
 import ray
 
 from rlflow.errors import RunFailed
+from rlflow.runtime.messages import ScoredBatch
 
 STALL_FACTOR, STALL_MIN_S, STALL_FIRST_S = 20.0, 120.0, 600.0
 #: no_progress_groups default, in batches: a filter keeping 1 group in 25 still trains a batch (after about 24
@@ -100,12 +101,12 @@ class ProgressCheck:
         self.scored_groups, self.filtered, self.failed = 0, {}, 0
         self.rewards: dict[float, int] = {}  # reward value -> trajectories, of the untrainable groups
 
-    def scored_batch(self, stage: str, batch: dict) -> None:
-        """A reward stream's output (one row per trajectory, whole groups; columns group_id, reward, reward_error,
-        kept): a group none of whose members is kept without an error can never be trained (buffer.py rewarded)."""
+    def scored_batch(self, stage: str, batch: ScoredBatch) -> None:
+        """A reward stream's output (one row per trajectory, whole groups): a group none of whose members is kept
+        without an error can never be trained (buffer.py rewarded)."""
         groups: dict[str, list[tuple[float, bool, bool]]] = {}
-        for gid, r, err, kept in zip(*(batch[k] for k in ("group_id", "reward", "reward_error", "kept"))):
-            groups.setdefault(str(gid), []).append((float(r), bool(err), bool(kept)))
+        for t in batch.rows:
+            groups.setdefault(str(t.group_id), []).append((float(t.reward), bool(t.reward_error), bool(t.kept)))
         dead = [rows for rows in groups.values() if not any(kept and not err for _, err, kept in rows)]
         failed = sum(all(err for _, err, _ in rows) for rows in dead)
         self.scored(stage, len(groups), len(dead) - failed, failed, [r for rows in dead for r, err, _ in rows if not err])

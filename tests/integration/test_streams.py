@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -52,13 +53,13 @@ def test_million_row_jsonl_starts_fast_with_bounded_memory(ray_cluster, tmp_path
     ps = source({"main": {"source": big}})
     first = ps.next(["main"])
     first_s = time.monotonic() - t0
-    ids = [first["row"]["id"]] + [ps.next(["main"])["row"]["id"] for _ in range(4999)]
+    ids = [first.row["id"]] + [ps.next(["main"]).row["id"] for _ in range(4999)]
     growth = rss_mib() - before
     ps.close()
     assert first_s < HANG_GUARD_S
     assert growth < size_mib / 4, f"driver RSS grew {growth:.0f} MiB reading a {size_mib:.0f} MiB file"
     assert len(set(ids)) == 5000 and ids != sorted(ids)
-    assert first["prompt_ids"] == list(first["prompt"].encode()) and first["n"] == 0
+    assert first.prompt_ids == list(first.prompt.encode()) and first.n == 0
 
 
 def test_order_is_seeded_shuffled_and_resumable(ray_cluster, tmp_path):
@@ -70,16 +71,16 @@ def test_order_is_seeded_shuffled_and_resumable(ray_cluster, tmp_path):
         rows = [ps.next(["main"]) for _ in range(n)]
         position = ps.position()
         ps.close()
-        return [r["row"]["id"] for r in rows], rows, position
+        return [r.row["id"] for r in rows], rows, position
 
     ids, rows, position = draw(120)
     assert ids == draw(120)[0]  # same seed, same order
     assert ids[:50] != draw(50, seed=1)[0]  # another seed, another order
     assert ids[:50] != list(range(50)) and sorted(ids[:50]) == list(range(50))  # shuffled, each row once an epoch
     assert sorted(ids[50:100]) == list(range(50)) and ids[50:100] != ids[:50]  # epoch 2: reshuffled (seed + 1)
-    assert [r["n"] for r in rows] == list(range(120)) and position == {"main": 120}
+    assert [r.n for r in rows] == list(range(120)) and position == {"main": 120}
     resumed, rrows, rpos = draw(40, skip={"main": 70})  # skip crosses an epoch boundary
-    assert resumed == ids[70:110] and rrows[0]["n"] == 70 and rpos == {"main": 110}
+    assert resumed == ids[70:110] and rrows[0].n == 70 and rpos == {"main": 110}
 
 
 def test_two_tasks_by_weight_three_to_one(ray_cluster, tmp_path):
@@ -91,10 +92,10 @@ def test_two_tasks_by_weight_three_to_one(ray_cluster, tmp_path):
     tasks = {"arith": {"source": "builtin:arith", "weight": 3.0}, "words": words}
     ps = source(tasks)
     drawn = [ps.next(["arith", "words"]) for _ in range(400)]
-    assert collections.Counter(p["task"] for p in drawn) == {"arith": 300, "words": 100}
-    assert [p["task"] for p in drawn[:8]] == ["arith", "arith", "words", "arith"] * 2  # smooth: interleaved
-    assert all(p["row"]["q"] == p["prompt"] for p in drawn if p["task"] == "words")
-    assert ps.next(["words"])["task"] == "words" and ps.position() == {"arith": 300, "words": 101}
+    assert collections.Counter(p.task for p in drawn) == {"arith": 300, "words": 100}
+    assert [p.task for p in drawn[:8]] == ["arith", "arith", "words", "arith"] * 2  # smooth: interleaved
+    assert all(p.row["q"] == p.prompt for p in drawn if p.task == "words")
+    assert ps.next(["words"]).task == "words" and ps.position() == {"arith": 300, "words": 101}
     ps.close()
 
 
@@ -193,9 +194,9 @@ def collect(out: queue.Queue, n_trajs: int, timeout_s: float = HANG_GUARD_S) -> 
     while len(got) < n_trajs:
         tag, _stage, batch = out.get(timeout=max(deadline - time.monotonic(), 0.01))
         assert tag == "rewarded", batch
-        for i, tid in enumerate(batch["traj_id"]):
-            assert tid not in got, f"{tid} delivered twice"
-            got[tid] = {k: batch[k][i] for k in batch}
+        for row in batch.rows:
+            assert row.traj_id not in got, f"{row.traj_id} delivered twice"
+            got[row.traj_id] = dataclasses.asdict(row)
     return got
 
 

@@ -71,10 +71,10 @@ def stub_source(tokenizer, **task) -> PromptSource:
 
 def test_prompt_source_formats_each_task_as_its_spec_says(chat_tokenizer, tiny_dir):
     chat = stub_source(chat_tokenizer, prompt_format="chat", system_prompt=SYSTEM).next(["main"])
-    assert chat["prompt"] == "3+4=" and chat["answer"] == "7"  # rewards see the plain prompt and answer
-    assert chat["prompt_ids"] == encode_prompt(chat_tokenizer, "3+4=", "chat", SYSTEM)
+    assert chat.prompt == "3+4=" and chat.answer == "7"  # rewards see the plain prompt and answer
+    assert chat.prompt_ids == encode_prompt(chat_tokenizer, "3+4=", "chat", SYSTEM)
     raw = stub_source(chat_tokenizer).next(["main"])  # a plan without prompt_format: raw, as before
-    assert raw["prompt_ids"] == chat_tokenizer("3+4=")["input_ids"]
+    assert raw.prompt_ids == chat_tokenizer("3+4=")["input_ids"]
     plain = transformers.AutoTokenizer.from_pretrained(tiny_dir)
     with pytest.raises(BadRow) as e:  # the model changed since compile: named rule, not a traceback
         stub_source(plain, prompt_format="chat").next(["main"])

@@ -7,6 +7,7 @@ import pytest
 
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.ledger import Ledger
+from rlflow.runtime.messages import Prompt, ScoredBatch
 
 
 class Remote:
@@ -27,10 +28,11 @@ def member(gid: str, i: int, version: int) -> dict:
     return {"group_id": gid, "index": i, "version": version, "versions_seen": [version], "completion_ids": [1]}
 
 
-def batch(gid: str, rewards: list[float], version: int) -> dict:
+def batch(gid: str, rewards: list[float], version: int) -> ScoredBatch:
     n = len(rewards)
-    return {"traj_id": [f"{gid}/{i}" for i in range(n)], "group_id": [gid] * n, "task": ["t"] * n, "reward": rewards,
-            "reward_error": [""] * n, "kept": [True] * n, "v_min": [version] * n, "v_max": [version] * n}
+    return ScoredBatch.from_columns({"traj_id": [f"{gid}/{i}" for i in range(n)], "group_id": [gid] * n, "task": ["t"] * n,
+                                     "reward": rewards, "reward_error": [""] * n, "kept": [True] * n,
+                                     "v_min": [version] * n, "v_max": [version] * n})
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def setup(tmp_path, monkeypatch):
 
 
 def generate(ledger, store, buffer, gid: str, version: int) -> None:
-    ledger.drawn(gid, {"task": "t", "n": int(gid.split("-")[1]), "prompt": "p"})
+    ledger.drawn(gid, Prompt(task="t", n=int(gid.split("-")[1]), prompt="p"))
     buffer.reserve(gid, version)
     for i in range(2):
         store.payloads[f"{gid}/{i}"] = member(gid, i, version)
@@ -71,16 +73,16 @@ def test_restore_puts_a_group_back_with_its_version_or_drops_it_above_the_bound(
     ledger, _, buffer, counts = setup
     buffer.policy.version = 3  # resumed at step 3
     for n in range(3):
-        ledger.drawn(f"t-{n}", {"task": "t", "n": n, "prompt": "p"})
+        ledger.drawn(f"t-{n}", Prompt(task="t", n=n, prompt="p"))
     assert buffer.restore("t-0", 2, {"t-0/0": 1.0}) == "restored"
     assert buffer.restore("t-1", 3, {"t-1/0": 0.0}) == "restored"
     assert buffer.restore("t-2", 1, {"t-2/0": 0.0}) == "dropped"  # 3 - 1 > eta 1: recorded, never trained
     ledger.flush()
     assert dict(ledger.db.execute("select gid, state from groups").fetchall())["t-2"] == "dropped"
     assert counts["dropped_groups"] == 1
-    batch_, rewards, _ = buffer.consume()
-    assert {e.gid: batch_.version - e.version for e in batch_.entries} == {"t-0": 1, "t-1": 0}  # as before the crash
-    assert rewards == {"t-0/0": 1.0, "t-1/0": 0.0}
+    batch_ = buffer.consume()
+    assert {e.gid: batch_.version - e.version for e in batch_.policy_batch.entries} == {"t-0": 1, "t-1": 0}  # as before
+    assert batch_.rewards == {"t-0/0": 1.0, "t-1/0": 0.0}
     assert buffer.counters.conserved()
 
 

@@ -9,16 +9,16 @@ import pytest
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid, RunFailed
+from rlflow.runtime.messages import ScoredBatch, ScoredTrajectory
 from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, NoProgress, ProgressCheck
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def scored(groups: dict[str, list[tuple[float, str, bool]]]) -> dict:
+def scored(groups: dict[str, list[tuple[float, str, bool]]]) -> ScoredBatch:
     """A reward stream's batch: {group id: [(reward, reward_error, kept), ...]}."""
-    rows = [(gid, r, err, kept) for gid, members in groups.items() for r, err, kept in members]
-    return {"group_id": [r[0] for r in rows], "reward": [r[1] for r in rows], "reward_error": [r[2] for r in rows],
-            "kept": [r[3] for r in rows]}
+    return ScoredBatch([ScoredTrajectory(f"{gid}/{i}", gid, "main", r, err, kept)
+                        for gid, members in groups.items() for i, (r, err, kept) in enumerate(members)])
 
 
 def test_filtered_groups_stop_the_run_naming_the_filter_and_the_way_out():

@@ -1,0 +1,121 @@
+"""The messages that cross a hop of the runtime, each a small frozen dataclass: who sends it to whom, what it holds.
+
+A trajectory's path, with the message on each hop:
+
+  prompt_source.PromptSource.next  -> rollout_fleet     Prompt (the ledger stores it as JSON, to replay it on resume)
+  rollout_fleet                    -> trajectory_server  a group of rows, one per member: Trajectory.as_dict()
+  rollout_fleet                    -> rollout_worker     those rows in the step call (route), with the commands
+  rollout_worker                   -> payload_store      Trajectory.as_dict() of the finished ones
+  rollout_worker                   -> rollout_fleet      StepReport (FinishedMeta per finished trajectory)
+  payload_store -> reward_stream (Ray Data, Arrow)       the format's business, inside the stream
+  reward_stream                    -> driver -> buffer   ScoredBatch (ScoredTrajectory per member of whole groups)
+  buffer.consume                   -> driver -> train_sink  TrainBatch
+  train_sink                       -> trainer_worker     the batch's ids and rewards; rank 0 takes the payloads
+
+Plain data (lists, not tensors) with slots: they pickle small across Ray's object store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One drawn prompt: prompt_source.PromptSource.next -> rollout_fleet (a group of its members), and the ledger,
+    which stores it as JSON (`to_json`) and gives it back on resume (`from_json`) to generate it again."""
+
+    task: str  # the task type (plan["tasks"]) it was drawn from
+    n: int  # its draw number within the task (0, 1, ...): the group id is f"{task}-{n}"
+    prompt: str  # the prompt text (the row's prompt field)
+    answer: str = ""  # the reference answer (the row's answer field), for the reward function
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt as token ids (formatted as the task says)
+    row: dict = field(default_factory=dict)  # the whole data row, its original columns, for reward functions
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task}-{self.n}"
+
+    def to_json(self) -> dict:
+        """The ledger's JSON object: {"task", "n", "prompt", "answer", "prompt_ids", "row"}."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Prompt:
+        return cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj})
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedMeta:
+    """A trajectory an instance finished, as the driver hears of it (its payload went to the payload store first):
+    rollout_worker -> rollout_fleet, inside a StepReport."""
+
+    group_id: str
+    index: int  # member index within the group
+    version: int  # V_traj: the oldest weights version that generated any of its tokens
+    finish_reason: str  # "stop" | "length" | "abort" | "interrupt"
+    tokens: int  # completion tokens (environment segments included)
+    turns: int = 1  # generated turns (multi-turn episodes; 1 otherwise)
+    env_tokens: int = 0  # completion tokens the environment wrote (loss mask 0)
+    env_s: float = 0.0  # seconds the episode waited on its environment
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What one step call returns: rollout_worker.RolloutWorker.step -> rollout_fleet.RolloutFleet.on_step."""
+
+    instance: int  # the instance's index in its stage
+    finished: list[FinishedMeta]  # trajectories finished in this step, payloads already in the store
+    interrupted: list[dict]  # partial trajectories handed back (Trajectory.as_dict()), to go back to the TS
+    snapshot: dict  # the engine's snapshot (StaleFlow §5.2): version, run_trajs, complete_trajs, ...
+    busy_s: float  # seconds in engine.step (decoding)
+    pull_s: float  # seconds loading weights
+    idle: bool  # nothing left to generate (and no episode waiting on its environment)
+    loaded: dict | None = None  # after a pull: the engine's report of what it loaded ({version, checksum})
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredTrajectory:
+    """One trajectory of a scored group, inside a ScoredBatch."""
+
+    traj_id: str
+    group_id: str
+    task: str
+    reward: float  # nan when the reward function failed on it
+    reward_error: str  # "" or why its reward failed (the trajectory is then failed)
+    kept: bool  # the group filter's verdict on its group (False: filtered, e.g. uniform rewards)
+    v_min: int | None = None  # its version span (the payload store's record), for the ledger; None when not carried
+    v_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredBatch:
+    """Whole scored groups, one row per trajectory: reward_stream (the Ray Data stream's output, converted at its
+    edge by `from_columns`) -> the driver, as ("rewarded", stage, ScoredBatch) -> buffer.Buffer.rewarded_batch."""
+
+    rows: list[ScoredTrajectory]
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, list]) -> ScoredBatch:
+        """From the stream's columnar batch (reward_stream.per_trajectory): equal-length lists per field."""
+        names = [f for f in ScoredTrajectory.__dataclass_fields__ if f in columns]
+        return cls([ScoredTrajectory(**dict(zip(names, values, strict=True)))
+                    for values in zip(*(columns[f] for f in names), strict=True)])
+
+    def group_ids(self) -> set[str]:
+        return {r.group_id for r in self.rows}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainBatch:
+    """The groups of one train step: buffer.Buffer.consume -> the driver, which records it in the ledger and hands
+    its ids and rewards to train_sink.TrainSink.start."""
+
+    policy_batch: object  # the staleness policy's batch (operators/policy.py): version, entries, staleness()
+    rewards: dict[str, float]  # traj_id -> reward, for every trajectory trained
+    groups: dict[str, list[str]]  # gid -> its member traj ids
+
+    @property
+    def version(self) -> int:
+        """The trainer version this batch trains (its staleness counts from it)."""
+        return self.policy_batch.version
