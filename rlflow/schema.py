@@ -356,7 +356,7 @@ class TrainStage(Strict):
     packing: bool = True
     """Pack each micro-batch's trajectories end to end in one row (position ids restarting per trajectory, attention
     kept within each), so no compute goes to padding; loss and gradients equal the padded rows' within fp32 rounding
-    (tests/unit/test_packing.py, Llama and Qwen2: every model rlflow builds is a Llama). Checked on the model at start:
+    (tests/unit/stages/test_packing.py, Llama and Qwen2: every model rlflow builds is a Llama). Checked on the model at start:
     one whose forward lets packed sequences see each other stops the run with a message; then set false."""
     micro_batch_tokens: PositiveInt | None = None
     """With packing: at most this many prompt + completion tokens per micro-batch (a longer trajectory runs alone),

@@ -1,5 +1,5 @@
 """Checkpoint drills on a real DeepSpeed engine (tiny Llama, ZeRO-1, one CPU process) and a real ledger, for
-tests/unit/test_checkpoint_faults.py. `python tests/checkpoint_drill.py MODEL_DIR WORK SCENARIO...` imports torch and
+tests/unit/runtime/test_checkpoint_faults.py. `python tests/checkpoint_drill.py MODEL_DIR WORK SCENARIO...` imports torch and
 DeepSpeed once, then runs each scenario in a forked child of its own (a fresh process group; a fault point's
 os._exit ends only that child), and writes WORK/<scenario>/result.json.
 

@@ -15,7 +15,7 @@ A save writes the tag, then its state, then its manifest, then state.json.tmp, a
 the rename is the one write that publishes. A process killed anywhere before it leaves state.json naming the
 previous checkpoint; the unpublished tag is never read and never overwritten (the next save of step N, after a
 resume from an older one, writes step-<N>.1 and says so). rlflow/runtime/fault_points.py names each write point;
-tests/unit/test_checkpoint_faults.py kills a save at every one of them. The checksums cost a read of the checkpoint at
+tests/unit/runtime/test_checkpoint_faults.py kills a save at every one of them. The checksums cost a read of the checkpoint at
 save and again at resume (sha256 at about 1.4 GB/s here: some 10 s for a 1.5B model's weights and Adam moments).
 
 A resume loads the published tag by name, never through DeepSpeed's `latest`, after checking every file against

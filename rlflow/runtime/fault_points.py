@@ -2,7 +2,7 @@
 
 `RLFLOW_FAULT_AT=<point>` (or `<point>@<step>`: only in the save of that step) makes the process `os._exit(FAULT_EXIT)`
 the moment it reaches that point: no handler, no flush, no cleanup, as under kill -9. Unset, a point costs one
-dictionary lookup. tests/unit/test_checkpoint_faults.py kills a save at each point in turn and resumes.
+dictionary lookup. tests/unit/runtime/test_checkpoint_faults.py kills a save at each point in turn and resumes.
 """
 
 from __future__ import annotations

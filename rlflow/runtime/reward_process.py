@@ -1,7 +1,7 @@
 """A reward function in a child process of its Score actor (reward_stream.py), so a row that kills the process
 (os._exit, a segfault, the OOM killer) or hangs is caught per call: the child dies or is killed, the actor lives,
 and the next call gets a new child. One long-lived child per Score actor; a call costs a pipe round trip
-(measured in tests/unit/test_reward_process.py), a child is spawned only at the first call and after one died.
+(measured in tests/unit/runtime/test_reward_process.py), a child is spawned only at the first call and after one died.
 
 Protocol, over the child's stdin and a copy of its stdout (the reward's own prints go to stderr, the actor's log):
 4-byte length + pickle. The parent sends (completion, answer, prompt, row); the child answers ("ok", reward) or

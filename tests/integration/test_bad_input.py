@@ -138,7 +138,7 @@ def test_slow_reward_times_out_inside_the_reward_actor(ray_cluster, workdir, mon
 
 
 # ------------------------------------------------------------------------------------------ run directories
-@pytest.mark.slow  # two full runs; the run-directory logic is covered by tests/unit/test_run_dirs.py
+@pytest.mark.slow  # two full runs; the run-directory logic is covered by tests/unit/runtime/test_run_dirs.py
 def test_two_runs_get_their_own_directories_and_resume_takes_the_newest(ray_cluster, workdir):
     from rlflow.runtime.launch import launch, new_run_dir
 

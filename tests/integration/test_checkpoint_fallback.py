@@ -1,5 +1,5 @@
 """`rlflow run --resume` on the real stack when the newest checkpoint is damaged: it falls back to the previous one,
-says so, and the ledger then holds every step trained once (unit-level drills: tests/unit/test_checkpoint_faults.py)."""
+says so, and the ledger then holds every step trained once (unit-level drills: tests/unit/runtime/test_checkpoint_faults.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from runs import plan_for, run_plan
 pytestmark = pytest.mark.integration
 
 
-# two runs (about 90 s on a loaded 2-core machine); tests/unit/test_checkpoint_faults.py covers the fallback with a real
+# two runs (about 90 s on a loaded 2-core machine); tests/unit/runtime/test_checkpoint_faults.py covers the fallback with a real
 # DeepSpeed engine and the real ledger, and test_run.py's resume tests the driver's save and load through Ray
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_and_the_ledger_holds(ray_cluster, workdir):

@@ -191,7 +191,7 @@ def test_sigterm_stops_like_ctrl_c_with_a_checkpoint(ray_cluster, workdir):
     run.run()
     assert run.stop_requested and 1 <= len(run.history) < 6
     assert any("stopping on SIGTERM" in line for line in lines), lines
-    assert run.stop_signal == signal.SIGTERM  # `rlflow run` exits 143 (tests/unit/test_stop_signal.py)
+    assert run.stop_signal == signal.SIGTERM  # `rlflow run` exits 143 (tests/unit/runtime/test_stop_signal.py)
     assert run.grace.done.is_set()  # the stop finished within its grace, which no longer runs
     state = json.loads((out / "state.json").read_text())
     assert state["step"] == len(run.history)  # the checkpoint is of the last step trained

@@ -17,7 +17,7 @@ from rlflow.errors import PipelineInvalid
 from rlflow.runtime import launch
 from rlflow.runtime.stop_signal import Grace, StoppedAgain, exit_code, grace_s
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def rlflow_run_with(run_class, tmp_path, monkeypatch) -> int:

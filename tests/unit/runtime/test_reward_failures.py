@@ -19,7 +19,7 @@ from rlflow.runtime import reward_stream
 from rlflow.runtime.reward_call import FailureRate, RewardStageFailing, as_reward
 from rlflow.runtime.reward_stream import Score, StreamRunner
 
-INTEGRATION = Path(__file__).resolve().parents[1] / "integration"  # rewards_for_tests.py, imported by the child
+INTEGRATION = Path(__file__).resolve().parents[2] / "integration"  # rewards_for_tests.py, imported by the child
 
 
 @pytest.fixture(autouse=True)

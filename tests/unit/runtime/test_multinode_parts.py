@@ -15,7 +15,7 @@ from rlflow.runtime import model_shipping
 from rlflow.runtime.launch import user_modules
 from rlflow.runtime.prompt_source import on_this_node
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class FakeStore:

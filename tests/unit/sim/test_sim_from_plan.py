@@ -19,7 +19,7 @@ from rlflow.sim.from_plan import DEFAULT_PROFILE, plan_coordination, sim_config
 from rlflow.sim.loop import Simulation
 from rlflow.sim.slots import SlotPool
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[3] / "pipelines"
 STALEFLOW = PIPELINES / "staleflow.yaml"  # edges[4] is the weight_sync back edge, edges[0] data -> rollout
 LAMINAR = PIPELINES / "laminar.yaml"  # edges[4] weight_sync per_instance
 QUICKSTART = PIPELINES / "quickstart.yaml"

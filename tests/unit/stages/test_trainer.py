@@ -10,7 +10,7 @@ from trainer_batches import GROUP, build_tiny_llama, load_hf, make_batch, mean_l
 from rlflow.stages.trainer import DeepSpeedTrainer
 from rlflow.stages.trajectory import Trajectory
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ZERO = {s: os.path.join(REPO, "configs", "deepspeed", f"zero{s}.json") for s in range(4)}
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0, max_importance_ratio=5.0)
 

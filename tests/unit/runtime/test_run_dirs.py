@@ -15,7 +15,7 @@ from rlflow.errors import PipelineInvalid
 from rlflow.runtime import launch, run_lock
 from rlflow.runtime.launch import LATEST, find_run, list_runs, new_run_dir, new_run_id
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 PLAN = {"name": "quick", "source": "pipelines/quick.yaml"}
 

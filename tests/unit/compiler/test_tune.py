@@ -13,7 +13,7 @@ from rlflow.stages import smollm2
 from rlflow.tune import MIX_TOLERANCE, Candidate, _divide, simulate_point, split_grid, tune
 from rlflow.tune_report import choose, overrides
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TABLE4 = str(REPO / "configs" / "profiles" / "staleflow-table4-qwen3-30b-a3b.json")
 AT_SCALE = ["stages.buffer.batch_groups=32", "stages.rollout.group_size=8", "stages.rollout.max_running=256"]
 

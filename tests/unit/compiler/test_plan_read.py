@@ -10,7 +10,7 @@ from rlflow.compiler import compile_pipeline
 from rlflow.operators.cost_profile import CostProfile, ProfileError
 from rlflow.plan_read import named_profile, rollout_stages, stage_coordination
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[3] / "pipelines"
 
 
 def _two_rollout_stages() -> dict:

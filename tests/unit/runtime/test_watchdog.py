@@ -72,7 +72,7 @@ def test_stall_factor_is_lowered_into_the_plan_and_bounded():
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import PipelineInvalid
 
-    pipeline = Path(__file__).resolve().parents[2] / "pipelines" / "quickstart.yaml"
+    pipeline = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
     trainer = lambda plan: next(a for a in plan["actors"] if a["role"] == "trainer")
     assert trainer(compile_pipeline(pipeline))["stall_factor"] == watchdog.STALL_FACTOR == 20
     assert trainer(compile_pipeline(pipeline, ["stages.train.stall_factor=5"]))["stall_factor"] == 5

@@ -20,7 +20,7 @@ from rlflow.errors import PipelineInvalid, RunFailed
 from rlflow.runtime import run_lock
 from rlflow.runtime.run_lock import LOCK_FILE, acquire, holder, serialised
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HOLD = """
 import sys, time
 from rlflow.runtime.run_lock import acquire

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import networkx as nx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: source folder -> the package it ships as (pyproject.toml's package-dir)
 PACKAGES = {"rlflow": "rlflow", "stages": "rlflow.stages", "operators": "rlflow.operators"}
 

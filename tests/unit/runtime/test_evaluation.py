@@ -145,7 +145,7 @@ def test_eval_tasks_defaults_from_the_plan():
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import PipelineInvalid
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     plan = compile_pipeline(repo / "pipelines" / "quickstart.yaml", ["data.eval=0.1", "data.eval_size=32", "data.eval_k=3"])
     tasks, settings = eval_tasks(plan, data=None, task=None, reward=None, n=None, k=None, max_new_tokens=None, temperature=None)
     assert tasks["main"]["holdout"] == 0.1 and tasks["main"]["reward_fn"] == "exact_match"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

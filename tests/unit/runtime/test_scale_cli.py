@@ -11,7 +11,7 @@ from rlflow.cli import main
 from rlflow.compiler import compile_pipeline, write_plan
 from rlflow.runtime.launch import new_run_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from trainer_batches import build_tiny_llama
 
 from rlflow.runtime.fault_points import FAULT_EXIT, POINTS
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 PUBLISHED = POINTS.index("published")  # a kill from this point on leaves the new checkpoint published
 SCENARIOS = (["reference"] + [f"fault:{p}" for p in POINTS] + ["damaged:truncated", "damaged:missing",
              "damaged:unloadable", "disagree:new", "disagree:old", "old_layout", "branch"])

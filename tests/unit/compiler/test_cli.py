@@ -11,7 +11,7 @@ import pytest
 
 from rlflow.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 
 

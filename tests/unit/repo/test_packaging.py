@@ -16,7 +16,7 @@ import pytest
 
 from rlflow.component_checks import SHIPPED_CONFIGS, resolve_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_every_package_directory_is_listed_in_pyproject():

@@ -14,7 +14,7 @@ from rlflow.sim.from_plan import stage_lengths
 from rlflow.sim.lengths import LengthSampler, group_tail_multiplier
 from rlflow.staleness_model import _capped_max_mean, lognormal_sigma, tail_multiplier
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def groups(spec: LengthSpec, n: int = 20_000, size: int = 8, seed: int = 0) -> np.ndarray:

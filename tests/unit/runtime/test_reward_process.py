@@ -36,7 +36,7 @@ def test_the_child_exits_when_its_actor_dies(tmp_path):
     even in the middle of a call that hangs."""
     script = textwrap.dedent(f"""
         import os, sys, threading
-        sys.path.insert(0, {str(os.path.join(os.path.dirname(__file__), '..', 'integration'))!r})
+        sys.path.insert(0, {str(os.path.join(os.path.dirname(__file__), '..', '..', 'integration'))!r})
         from rlflow.runtime.reward_process import RewardProcess
         p = RewardProcess("rewards_for_tests:hangs_on", timeout_s=60)
         p.call("2", "2", "1+1=", {{}})

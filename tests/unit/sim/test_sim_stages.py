@@ -16,7 +16,7 @@ from rlflow.sim.engine import Instance
 from rlflow.sim.fleet import Fleets
 from rlflow.sim.from_plan import ONE_STAGE_RULE, not_simulable, plan_rollout, plan_rollouts, sim_config
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[3] / "pipelines"
 MIXED = PIPELINES / "mixed.yaml"  # edges[7] train -> gen_arith, edges[8] train -> gen_repeat (weight_sync)
 PROFILE = CostProfile.load("staleflow-table4-qwen3-30b-a3b")
 

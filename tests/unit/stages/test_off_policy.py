@@ -136,7 +136,7 @@ def test_unknown_option_is_rejected():
         grpo.importance_weights(torch.zeros(1, 2), torch.ones(1, 2), "tis")
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 # --------------------------------------------------------------------------- the train stage option, lowered to the trainer

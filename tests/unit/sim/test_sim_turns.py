@@ -18,7 +18,7 @@ from rlflow.sim.from_plan import sim_config
 from rlflow.sim.report import text_report
 from rlflow.sim.slots import SlotPool
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[3] / "pipelines"
 PROFILE = CostProfile(name="turns", k1=1e-6, k2=2e-3, k3=1e-4, k4=1e-2, k5=1.0, kv_budget=50_000.0,
                       max_running=64, prefill_s_per_token=1e-5, pull_s=0.2)
 SMALL = CostProfile(name="small", k1=1e-6, k2=2e-3, k3=1e-4, k4=1e-2, k5=1.0,

@@ -14,7 +14,7 @@ from rlflow.errors import PipelineInvalid
 from rlflow.runtime.model import check_model_dir, prepare_model
 from rlflow.runtime.train_sink import check_deepspeed_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 128, "vocab_size": 384}
 

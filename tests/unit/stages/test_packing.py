@@ -174,7 +174,7 @@ def test_packed_passes_run_on_the_tokens_alone(model_dir):
 def test_the_train_stage_settings_reach_the_trainer_as_its_keyword_arguments():
     from rlflow.compiler import compile_pipeline
 
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     overrides = ["stages.train.packing=false", "stages.train.micro_batch_tokens=4096",
                  "stages.train.gradient_checkpointing=true"]
     for sets, expected in [([], (True, None, False)), (overrides, (False, 4096, True))]:
