@@ -12,7 +12,7 @@ from rlflow.errors import PipelineInvalid, RunFailed
 from rlflow.runtime.messages import ScoredBatch, ScoredTrajectory
 from rlflow.runtime.watchdog import NO_PROGRESS_BATCHES, NoProgress, ProgressCheck
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def scored(groups: dict[str, list[tuple[float, str, bool]]]) -> ScoredBatch:
