@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from checkpoint_drill import CHECKPOINT_EVERY, CRASH_STEP, STEPS
-from trainer_batches import build_tiny_llama
 
 from rlflow.runtime.fault_points import FAULT_EXIT, POINTS
 
@@ -25,9 +24,9 @@ SCENARIOS = (["reference"] + [f"fault:{p}" for p in POINTS] + ["damaged:truncate
 
 
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory):
+def drill(tmp_path_factory, tiny_llama_dir):
     """Runs every scenario once (one import of torch and DeepSpeed); returns name -> result."""
-    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    model_dir = tiny_llama_dir
     work = tmp_path_factory.mktemp("drill")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("RLFLOW_FAULT_AT", None)

@@ -19,7 +19,6 @@ from rlflow.runtime.episodes import Episodes
 from rlflow.stages import tasks
 from rlflow.stages.engine_hf import HFEngine
 from rlflow.stages.environment import Environment, EnvStep
-from rlflow.stages.tiny_model import build_tiny_llama
 from rlflow.stages.trajectory import Trajectory
 
 OBSERVATION = " ab"
@@ -52,15 +51,10 @@ class Gate(Counter):
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    return build_tiny_llama("repeat", progress=lambda line: None)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
+def tokenizer(repeat_model_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(repeat_model_dir)
 
 
 def run_episodes(engine, episodes, batch, *, between=None, limit: int = 500) -> list[Trajectory]:
@@ -97,8 +91,8 @@ def check_episode(t: Trajectory, tokenizer, max_turns: int, max_new_tokens: int)
     assert t.env_reward == pytest.approx(0.5 * (len(t.turn_starts) - 1))
 
 
-def test_episodes_alternate_turns_and_observations(model_dir, tokenizer):
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=3)
+def test_episodes_alternate_turns_and_observations(repeat_model_dir, tokenizer):
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=3)
     episodes = Episodes(Counter, {}, max_turns=3, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     batch = trajectories(tokenizer, tasks.repeat(5, 12))
     done = run_episodes(engine, episodes, batch)
@@ -117,8 +111,8 @@ def test_episodes_alternate_turns_and_observations(model_dir, tokenizer):
     assert shard.num_tokens == sum(t.loss_mask.count(1) for t in done[:8]) < sum(len(t.completion_ids) for t in done[:8])
 
 
-def test_a_turn_budget_ends_turns_and_the_episode_budget_ends_episodes(model_dir, tokenizer):
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=12, max_model_len=128, stop=("zzz",),
+def test_a_turn_budget_ends_turns_and_the_episode_budget_ends_episodes(repeat_model_dir, tokenizer):
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=12, max_model_len=128, stop=("zzz",),
                       max_turn_tokens=3, seed=3)
     episodes = Episodes(Counter, {}, max_turns=4, tokenizer=tokenizer, max_new_tokens=12, stop=("zzz",))
     done = run_episodes(engine, episodes, trajectories(tokenizer, tasks.repeat(6, 6)))
@@ -126,8 +120,8 @@ def test_a_turn_budget_ends_turns_and_the_episode_budget_ends_episodes(model_dir
         assert len(t.turn_starts) == 1 and len(t.completion_ids) <= 3
 
 
-def test_v_traj_is_the_oldest_version_over_all_turns(model_dir, tokenizer):
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=4)
+def test_v_traj_is_the_oldest_version_over_all_turns(repeat_model_dir, tokenizer):
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=4)
     episodes = Episodes(Counter, {}, max_turns=3, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     state = {k: v.numpy() for k, v in engine.model.state_dict().items()}
     versions = iter(range(1, 1000))
@@ -143,8 +137,8 @@ def test_v_traj_is_the_oldest_version_over_all_turns(model_dir, tokenizer):
     assert any(len(t.versions_seen) > 1 for t in multi)
 
 
-def test_environments_run_while_the_engine_generates(model_dir, tokenizer):
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=5)
+def test_environments_run_while_the_engine_generates(repeat_model_dir, tokenizer):
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=5)
     episodes = Episodes(Gate, {}, max_turns=2, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     Gate.gate.clear()
     batch = trajectories(tokenizer, tasks.repeat(8, 8))
@@ -167,8 +161,8 @@ def test_environments_run_while_the_engine_generates(model_dir, tokenizer):
             assert len(t.turn_starts) == 2 and t.env_s > 0
 
 
-def test_an_interrupted_episode_carries_its_environment_to_another_instance(model_dir, tokenizer):
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=6)
+def test_an_interrupted_episode_carries_its_environment_to_another_instance(repeat_model_dir, tokenizer):
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=6)
     first = Episodes(Counter, {}, max_turns=4, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     batch = trajectories(tokenizer, tasks.repeat(9, 8))
     for t in batch:
@@ -183,7 +177,7 @@ def test_an_interrupted_episode_carries_its_environment_to_another_instance(mode
     first.leave(moved)
     assert moved.env_state and tid not in first.envs and tid not in first.waiting
     assert first.take("nobody/0") is None
-    other = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=7)
+    other = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=7)
     second = Episodes(Counter, {}, max_turns=4, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     second.begin(moved)
     assert not moved.env_state and second.envs[tid].calls == 1  # the same environment, its state intact
@@ -195,12 +189,12 @@ def test_an_interrupted_episode_carries_its_environment_to_another_instance(mode
     assert not first.waiting and not first.drop("nobody/0")
 
 
-def test_a_broken_environment_ends_its_episode_not_the_instance(model_dir, tokenizer):
+def test_a_broken_environment_ends_its_episode_not_the_instance(repeat_model_dir, tokenizer):
     class Broken(Counter):
         def step(self, action):
             raise RuntimeError("boom")
 
-    engine = HFEngine(model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=8)
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=8)
     episodes = Episodes(Broken, {}, max_turns=3, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
     batch = trajectories(tokenizer, tasks.repeat(10, 6))
     done = run_episodes(engine, episodes, batch)

@@ -35,9 +35,9 @@ def test_refused_requests_exit_2_with_the_rule(elastic_plan, argv, rule, text, c
     assert f"[{rule}]" in err and text in err and "Traceback" not in err
 
 
-def test_a_stage_that_is_not_elastic_says_how_to_make_it_so(tmp_path, monkeypatch, capsys):
+def test_a_stage_that_is_not_elastic_says_how_to_make_it_so(tmp_path, monkeypatch, capsys, quickstart_plan):
     monkeypatch.chdir(tmp_path)
-    write_plan(compile_pipeline(REPO / "pipelines" / "quickstart.yaml"), ".rlflow/plan.json")
+    write_plan(quickstart_plan, ".rlflow/plan.json")
     assert main(["scale", "rollout", "2"]) == 2
     err = capsys.readouterr().err
     assert "[not-elastic]" in err and "declare stages.rollout.elastic" in err

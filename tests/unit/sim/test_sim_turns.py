@@ -202,8 +202,8 @@ def test_workload_block_overrides_the_environment():
     assert not any("multi-turn" in n for n in notes)
 
 
-def test_single_turn_plan_has_no_turns():
-    cfg, notes = sim_config(compile_pipeline(PIPELINES / "quickstart.yaml", []), steps=4)
+def test_single_turn_plan_has_no_turns(quickstart_plan):
+    cfg, notes = sim_config(quickstart_plan, steps=4)
     assert (cfg.turns, cfg.env_latency_s, cfg.env_latency) == (1, 0.0, "fixed")
     assert not any("turn" in n for n in notes)
 

@@ -14,26 +14,19 @@ from engine_helpers import mixed_rows, perturbed_state, reference_logprobs, run_
 
 from rlflow.stages.engine import RolloutEngine  # noqa: E402
 from rlflow.stages.engine_hf import HFEngine, sample  # noqa: E402
-from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
 from rlflow.stages.trajectory import Trajectory  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    """The default warm-started repeat model (shared cache: built once per machine)."""
-    return build_tiny_llama("repeat", progress=lambda line: None)
-
-
-def test_is_a_rollout_engine(model_dir):
-    engine = HFEngine(model_dir, instance_id=3)
+def test_is_a_rollout_engine(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, instance_id=3)
     assert isinstance(engine, RolloutEngine)
     assert engine.version == 0 and engine.idle
     assert engine.snapshot() == {"instance": 3, "version": 0, "kv_cache": 0, "run_trajs": [], "wait_trajs": [],
                                  "complete_trajs": 0, "max_running": 64}
 
 
-def test_behaviour_logprobs_match_a_fresh_forward_pass(model_dir):
-    engine = HFEngine(model_dir, max_running=5, chunk_size=3, max_new_tokens=24, temperature=0.7, seed=1)
+def test_behaviour_logprobs_match_a_fresh_forward_pass(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, max_running=5, chunk_size=3, max_new_tokens=24, temperature=0.7, seed=1)
     batch = trajectories(engine.tokenizer, mixed_rows(12))
     assert len({len(t.prompt_ids) for t in batch}) >= 4
     for traj in batch:
@@ -52,10 +45,10 @@ def test_behaviour_logprobs_match_a_fresh_forward_pass(model_dir):
         np.testing.assert_allclose(traj.behaviour_logprobs, reference_logprobs(engine.model, traj, 0.7), atol=1e-4)
 
 
-def test_batched_generation_equals_single_under_greedy(model_dir):
+def test_batched_generation_equals_single_under_greedy(repeat_model_dir):
     rows = mixed_rows(10)
-    batched = HFEngine(model_dir, max_running=6, chunk_size=4, max_new_tokens=20, temperature=0.0)
-    single = HFEngine(model_dir, max_running=1, chunk_size=4, max_new_tokens=20, temperature=0.0)
+    batched = HFEngine(repeat_model_dir, max_running=6, chunk_size=4, max_new_tokens=20, temperature=0.0)
+    single = HFEngine(repeat_model_dir, max_running=1, chunk_size=4, max_new_tokens=20, temperature=0.0)
     for traj in trajectories(batched.tokenizer, rows):
         batched.start(traj)
     together = {t.traj_id: t for t in run_to_idle(batched)}
@@ -67,8 +60,8 @@ def test_batched_generation_equals_single_under_greedy(model_dir):
     assert any(len(t.completion_ids) > 4 for t in together.values())  # rows spanned more than one chunk
 
 
-def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(model_dir):
-    first = HFEngine(model_dir, instance_id=0, chunk_size=2, max_new_tokens=40, temperature=1.0, seed=5)
+def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(repeat_model_dir):
+    first = HFEngine(repeat_model_dir, instance_id=0, chunk_size=2, max_new_tokens=40, temperature=1.0, seed=5)
     batch = trajectories(first.tokenizer, [{"prompt": f"{w}*9=", "answer": " ".join([w] * 9)} for w in ("abc", "fed", "ghi", "jab")])
     for traj in batch:
         first.start(traj)
@@ -82,7 +75,7 @@ def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(model_dir):
     assert first.interrupt(partial.traj_id) is None and first.interrupt("nope/0") is None
     head = list(partial.completion_ids)
 
-    second = HFEngine(model_dir, instance_id=1, chunk_size=4, max_new_tokens=40, temperature=1.0, seed=6)
+    second = HFEngine(repeat_model_dir, instance_id=1, chunk_size=4, max_new_tokens=40, temperature=1.0, seed=6)
     second.load_weights({k: v.numpy() for k, v in first.model.state_dict().items()}, version=3)
     second.start(partial)
     assert partial.finish_reason == ""
@@ -93,8 +86,8 @@ def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(model_dir):
     np.testing.assert_allclose(resumed.behaviour_logprobs, reference_logprobs(second.model, resumed, 1.0), atol=1e-4)
 
 
-def test_interrupting_a_waiting_trajectory_returns_it_untouched(model_dir):
-    engine = HFEngine(model_dir, max_running=1)
+def test_interrupting_a_waiting_trajectory_returns_it_untouched(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, max_running=1)
     a, b = trajectories(engine.tokenizer, mixed_rows(2))
     engine.start(a)
     engine.start(b)
@@ -104,8 +97,8 @@ def test_interrupting_a_waiting_trajectory_returns_it_untouched(model_dir):
     assert engine.snapshot()["wait_trajs"] == [a.traj_id]
 
 
-def test_abort_frees_the_slot(model_dir):
-    engine = HFEngine(model_dir, max_running=2, chunk_size=1, max_new_tokens=30)
+def test_abort_frees_the_slot(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, max_running=2, chunk_size=1, max_new_tokens=30)
     a, b, c = trajectories(engine.tokenizer, [{"prompt": f"{w}*9=", "answer": ""} for w in ("abc", "def", "ghi")])
     for traj in (a, b, c):
         engine.start(traj)
@@ -125,9 +118,9 @@ def test_abort_frees_the_slot(model_dir):
     assert engine.snapshot()["complete_trajs"] == 2
 
 
-def test_load_weights_switches_the_policy_and_records_the_version(model_dir):
-    engine = HFEngine(model_dir, chunk_size=3, max_new_tokens=24, temperature=1.0, seed=2)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+def test_load_weights_switches_the_policy_and_records_the_version(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, chunk_size=3, max_new_tokens=24, temperature=1.0, seed=2)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(repeat_model_dir).eval()
     state = perturbed_state(reference)
 
     in_flight = trajectories(engine.tokenizer, [{"prompt": f"{w}*12=", "answer": ""} for w in ("abc", "hij")], group="f")
@@ -147,7 +140,7 @@ def test_load_weights_switches_the_policy_and_records_the_version(model_dir):
     run_to_idle(engine)
 
     old_model = reference
-    new_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    new_model = transformers.AutoModelForCausalLM.from_pretrained(repeat_model_dir).eval()
     new_model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
     for traj in fresh:
         assert traj.version == 1 and traj.versions_seen == [1]
@@ -163,8 +156,8 @@ def test_load_weights_switches_the_policy_and_records_the_version(model_dir):
         np.testing.assert_allclose(traj.behaviour_logprobs[:k], reference_logprobs(old_model, traj, 1.0)[:k], atol=1e-4)
 
 
-def test_load_weights_rejects_unknown_names_and_wrong_shapes(model_dir):
-    engine = HFEngine(model_dir)
+def test_load_weights_rejects_unknown_names_and_wrong_shapes(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir)
     with pytest.raises(KeyError, match="not in the model"):
         engine.load_weights({"model.nope.weight": np.zeros(3, dtype=np.float32)}, version=1)
     with pytest.raises(ValueError, match="shape"):
@@ -172,20 +165,20 @@ def test_load_weights_rejects_unknown_names_and_wrong_shapes(model_dir):
     assert engine.version == 0
 
 
-def test_max_model_len_violation_is_a_clear_error(model_dir):
-    engine = HFEngine(model_dir, max_model_len=32, max_new_tokens=24)
+def test_max_model_len_violation_is_a_clear_error(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, max_model_len=32, max_new_tokens=24)
     (long,) = trajectories(engine.tokenizer, [{"prompt": "123+456+789+12=", "answer": "1380"}])
     with pytest.raises(ValueError, match=r"prompt of \d+ tokens \+ max_new_tokens 24 = \d+ exceeds max_model_len 32"):
         engine.start(long)
     assert engine.idle
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        HFEngine(model_dir, max_model_len=100_000)
+        HFEngine(repeat_model_dir, max_model_len=100_000)
     with pytest.raises(ValueError, match="no prompt_ids"):
         engine.start(Trajectory(group_id="e", index=0, prompt="", answer="", prompt_ids=[]))
 
 
-def test_snapshot_stays_consistent_while_running(model_dir):
-    engine = HFEngine(model_dir, instance_id=2, max_running=4, chunk_size=2, max_new_tokens=16)
+def test_snapshot_stays_consistent_while_running(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, instance_id=2, max_running=4, chunk_size=2, max_new_tokens=16)
     batch = trajectories(engine.tokenizer, mixed_rows(10))
     by_id = {t.traj_id: t for t in batch}
     for traj in batch:

@@ -4,15 +4,10 @@ forward, and the trainer with and without chunks (one process, CPU)."""
 import pytest
 import torch
 from test_packing import assert_same_step, gradient_step, stale
-from trainer_batches import build_tiny_llama, load_hf, make_batch
+from trainer_batches import load_hf, make_batch
 
 from rlflow.stages import grpo
 from rlflow.stages.logprobs import TokenLogprobs, chunked_logprobs
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def full(head, hidden, targets, temperature):
@@ -41,8 +36,8 @@ def test_chunks_give_the_full_logits_log_probs_entropy_and_gradients(chunks):
     assert not results[1][1].requires_grad  # the entropy is a metric: no graph kept for it
 
 
-def test_the_hooked_forward_returns_the_models_own_log_probs(model_dir):
-    model = load_hf(model_dir)
+def test_the_hooked_forward_returns_the_models_own_log_probs(tiny_llama_dir):
+    model = load_hf(tiny_llama_dir)
     tokens = TokenLogprobs(model, chunk_tokens=4)
     ids = torch.tensor([[1, 5, 9, 2, 7, 3, 3, 8], [4, 4, 1, 0, 6, 2, 9, 9]])
     with torch.no_grad():
@@ -56,10 +51,10 @@ def test_the_hooked_forward_returns_the_models_own_log_probs(model_dir):
     torch.testing.assert_close(grpo.token_logprobs(plain[:, :-1] / 0.8, ids[:, 1:]), want[0], rtol=1e-6, atol=1e-6)
 
 
-def test_the_trainer_with_chunks_takes_the_step_it_takes_on_full_logits(model_dir):
-    batch = stale(make_batch(load_hf(model_dir), seed=4))
-    whole = gradient_step(model_dir, batch, loss_agg="token", logit_chunk_tokens=0)
-    chunked = gradient_step(model_dir, batch, loss_agg="token", logit_chunk_tokens=5)
+def test_the_trainer_with_chunks_takes_the_step_it_takes_on_full_logits(tiny_llama_dir):
+    batch = stale(make_batch(load_hf(tiny_llama_dir), seed=4))
+    whole = gradient_step(tiny_llama_dir, batch, loss_agg="token", logit_chunk_tokens=0)
+    chunked = gradient_step(tiny_llama_dir, batch, loss_agg="token", logit_chunk_tokens=5)
     assert_same_step(chunked, whole)
 
 

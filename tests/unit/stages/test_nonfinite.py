@@ -10,7 +10,7 @@ from trainer_batches import GROUP, load_hf, make_batch
 
 from rlflow.stages.trainer import nonfinite_verdict
 
-model_dir, trainer = test_trainer.model_dir, test_trainer.trainer  # the tiny Llama fixture and trainer of those tests
+trainer = test_trainer.trainer  # the trainer of those tests; the tiny Llama is tests/unit/conftest.py's
 
 
 def same(a: dict, b: dict) -> bool:
@@ -18,13 +18,13 @@ def same(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("stage", [0, 1])
-def test_a_nan_in_the_batch_is_not_applied_and_the_next_step_trains(model_dir, stage):
+def test_a_nan_in_the_batch_is_not_applied_and_the_next_step_trains(tiny_llama_dir, stage):
     """A NaN behaviour log-prob (an engine fault) makes the loss and gradient NaN: the weights stay as they were
     (stage 0: dropped here; ZeRO: DeepSpeed's own overflow skip), and the optimizer is not poisoned for later steps."""
-    batch = make_batch(load_hf(model_dir))
-    bad = make_batch(load_hf(model_dir), seed=1)
+    batch = make_batch(load_hf(tiny_llama_dir))
+    bad = make_batch(load_hf(tiny_llama_dir), seed=1)
     bad[0].behaviour_logprobs[0] = float("nan")
-    tr = trainer(model_dir, stage)
+    tr = trainer(tiny_llama_dir, stage)
     try:
         before = tr.state_numpy()
         m = tr.train_step(bad, GROUP)
@@ -42,12 +42,12 @@ def test_a_nan_in_the_batch_is_not_applied_and_the_next_step_trains(model_dir, s
     assert all(np.isfinite(v).all() for v in trained.values())
 
 
-def test_an_update_that_makes_the_weights_non_finite_is_called_poisoned(model_dir):
+def test_an_update_that_makes_the_weights_non_finite_is_called_poisoned(tiny_llama_dir):
     """lr inf (the compile rule lr-out-of-range refuses it; the trainer must not trust that): the gradient is
     finite, the update is not."""
-    tr = trainer(model_dir, 0, lr=float("inf"))
+    tr = trainer(tiny_llama_dir, 0, lr=float("inf"))
     try:
-        m = tr.train_step(make_batch(load_hf(model_dir)), GROUP)
+        m = tr.train_step(make_batch(load_hf(tiny_llama_dir)), GROUP)
     finally:
         tr.close()
     assert math.isfinite(m["grad_norm"]) and math.isfinite(m["loss"])

@@ -172,10 +172,10 @@ def test_a_parameter_of_another_option_is_rejected_unless_left_at_its_default():
 
 
 @pytest.fixture(scope="module")
-def stale_batch(tmp_path_factory):
-    from trainer_batches import build_tiny_llama, load_hf, make_batch
+def stale_batch(tiny_llama_dir):
+    from trainer_batches import load_hf, make_batch
 
-    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    model_dir = tiny_llama_dir
     trajs = make_batch(load_hf(model_dir), n_groups=2)
     rng = random.Random(0)
     for t in trajs:  # a sampler that disagrees with the trainer: rho_t = e^{+-1.2} on some tokens

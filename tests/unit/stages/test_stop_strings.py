@@ -12,16 +12,10 @@ import numpy as np
 from engine_helpers import reference_logprobs, run_to_idle
 
 from rlflow.stages.engine_hf import HFEngine
-from rlflow.stages.tiny_model import build_tiny_llama
 from rlflow.stages.trajectory import Trajectory
 
 PROMPT = "ab*3="
 SCRIPT = "The answer is 42.\nThen more text ### and more"
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    return build_tiny_llama("repeat", progress=lambda line: None)
 
 
 def force(engine: HFEngine, script: list[int]) -> None:
@@ -65,8 +59,8 @@ def stop_token_index(tokenizer, script: list[int], stop: str) -> int:
     return next(i for i in range(len(script)) if stop in tokenizer.decode(script[: i + 1], skip_special_tokens=True))
 
 
-def test_completion_ends_at_the_token_completing_the_stop_string(model_dir):
-    engine, script, done = run(model_dir, ["\n"])
+def test_completion_ends_at_the_token_completing_the_stop_string(repeat_model_dir):
+    engine, script, done = run(repeat_model_dir, ["\n"])
     end = stop_token_index(engine.tokenizer, script, "\n")
     for traj in done:
         assert traj.finish_reason == "stop"
@@ -76,8 +70,8 @@ def test_completion_ends_at_the_token_completing_the_stop_string(model_dir):
         np.testing.assert_allclose(traj.behaviour_logprobs, reference_logprobs(engine.model, traj, 0.7), atol=1e-4)
 
 
-def test_a_stop_string_spanning_several_tokens_and_the_earliest_of_several(model_dir):
-    engine, script, done = run(model_dir, ["###", "is 42"])
+def test_a_stop_string_spanning_several_tokens_and_the_earliest_of_several(repeat_model_dir):
+    engine, script, done = run(repeat_model_dir, ["###", "is 42"])
     end = stop_token_index(engine.tokenizer, script, "is 42")
     assert len(engine.tokenizer.decode(script[end:end + 1])) < len("is 42")  # it did span tokens
     for traj in done:
@@ -86,26 +80,26 @@ def test_a_stop_string_spanning_several_tokens_and_the_earliest_of_several(model
         assert len(traj.behaviour_logprobs) == len(traj.completion_ids)
 
 
-def test_a_later_stop_string_and_no_stop_string(model_dir):
-    engine, script, done = run(model_dir, ["###"])
+def test_a_later_stop_string_and_no_stop_string(repeat_model_dir):
+    engine, script, done = run(repeat_model_dir, ["###"])
     end = stop_token_index(engine.tokenizer, script, "###")
     assert all(t.completion_ids == script[: end + 1] and t.completion == "The answer is 42.\nThen more text " for t in done)
-    engine, script, done = run(model_dir, ["never"], max_new_tokens=8)
+    engine, script, done = run(repeat_model_dir, ["never"], max_new_tokens=8)
     for traj in done:
         assert traj.finish_reason == "length" and traj.completion_ids == script[:8]
         assert traj.completion == engine.tokenizer.decode(script[:8], skip_special_tokens=True)
 
 
-def test_stop_on_the_last_allowed_token_is_a_stop(model_dir):
-    engine, script, _ = run(model_dir, [], rows=1)
+def test_stop_on_the_last_allowed_token_is_a_stop(repeat_model_dir):
+    engine, script, _ = run(repeat_model_dir, [], rows=1)
     end = stop_token_index(engine.tokenizer, script, "\n")
-    _, _, done = run(model_dir, ["\n"], max_new_tokens=end + 1, rows=1)
+    _, _, done = run(repeat_model_dir, ["\n"], max_new_tokens=end + 1, rows=1)
     assert done[0].finish_reason == "stop" and len(done[0].completion_ids) == end + 1
 
 
-def test_empty_stop_strings_are_refused(model_dir):
+def test_empty_stop_strings_are_refused(repeat_model_dir):
     with pytest.raises(ValueError, match="non-empty"):
-        HFEngine(model_dir, stop=[""])
+        HFEngine(repeat_model_dir, stop=[""])
 
 
 def assert_stop_semantics(engine, done, stop: str) -> int:
@@ -126,7 +120,7 @@ def assert_stop_semantics(engine, done, stop: str) -> int:
 
 @pytest.mark.vllm
 @pytest.mark.slow  # a vLLM engine start; vLLM's stop path also runs wherever a pipeline sets `stop`
-def test_vllm_stops_at_the_same_token_with_the_same_text(model_dir):
+def test_vllm_stops_at_the_same_token_with_the_same_text(repeat_model_dir):
     """vLLM (SamplingParams.stop, include_stop_str_in_output=False) keeps the completing token as its last token id and
     log-prob and nothing after it; the engine cuts the text as HFEngine does. A space stops `ab ab ab` inside the
     token ` ab`, so the text is cut in the middle of the last token."""
@@ -137,7 +131,7 @@ def test_vllm_stops_at_the_same_token_with_the_same_text(model_dir):
     rows = [r for r in tasks.repeat(3, 40) if " " in r["answer"]][:8]
     results = {}
     for name, cls in (("hf", HFEngine), ("vllm", VLLMEngine)):
-        engine = cls(model_dir, max_running=8, max_new_tokens=24, temperature=0.0, max_model_len=128, stop=[" "])
+        engine = cls(repeat_model_dir, max_running=8, max_new_tokens=24, temperature=0.0, max_model_len=128, stop=[" "])
         try:
             batch = [Trajectory(group_id=f"g{i}", index=0, prompt=r["prompt"], answer=r["answer"],
                                 prompt_ids=engine.tokenizer(r["prompt"])["input_ids"]) for i, r in enumerate(rows)]

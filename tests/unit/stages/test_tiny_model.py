@@ -22,12 +22,6 @@ def quick_build(tmp_path_factory):
     return cache, path, lines
 
 
-@pytest.fixture(scope="module")
-def warm_model():
-    """The default warm-started model the other tests use (shared cache: built once per machine)."""
-    return build_tiny_llama("repeat", progress=lambda line: None)
-
-
 def test_build_writes_a_loadable_hf_directory(quick_build):
     cache, path, lines = quick_build
     assert path.parent == cache and path.name.startswith("tiny-llama-arith-seed3-")
@@ -81,13 +75,13 @@ def test_unknown_task_names_the_choices():
         build_tiny_llama("sorting")
 
 
-def test_warm_start_accuracy_is_in_a_sane_band(warm_model):
-    model = transformers.AutoModelForCausalLM.from_pretrained(warm_model)
-    tok = transformers.AutoTokenizer.from_pretrained(warm_model)
+def test_warm_start_accuracy_is_in_a_sane_band(repeat_model_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(repeat_model_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(repeat_model_dir)
     held_out = tasks.repeat(EVAL_SEED_OFFSET + 1, 128)
     greedy = accuracy(model, tok, held_out, 48, temperature=0.0)
     sampled = accuracy(model, tok, held_out, 48, temperature=1.0)
-    report = json.loads((warm_model / "rlflow_build.json").read_text())
+    report = json.loads((repeat_model_dir / "rlflow_build.json").read_text())
     assert 0.05 <= sampled <= 0.95, (sampled, report)
     assert 0.05 <= greedy <= 0.98, (greedy, report)
 

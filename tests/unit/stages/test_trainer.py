@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from trainer_batches import GROUP, build_tiny_llama, load_hf, make_batch, mean_logprob
+from trainer_batches import GROUP, load_hf, make_batch, mean_logprob
 
 from rlflow.stages.trainer import DeepSpeedTrainer
 from rlflow.stages.trajectory import Trajectory
@@ -15,23 +15,18 @@ ZERO = {s: os.path.join(REPO, "configs", "deepspeed", f"zero{s}.json") for s in 
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0, max_importance_ratio=5.0)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
 def trainer(model_dir, stage, **kw):
     return DeepSpeedTrainer(model_dir, ZERO[stage], **{"lr": 3e-3, "micro_batch_size": 5, **ALGO, **kw})
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_training_raises_the_logprob_of_rewarded_completions(model_dir, stage):
-    initial = load_hf(model_dir)
+def test_training_raises_the_logprob_of_rewarded_completions(tiny_llama_dir, stage):
+    initial = load_hf(tiny_llama_dir)
     batch = make_batch(initial)
-    tr = trainer(model_dir, stage)
+    tr = trainer(tiny_llama_dir, stage)
     try:
         metrics = [tr.train_step(batch, GROUP) for _ in range(4)]
-        trained = load_hf(model_dir, tr.state_numpy())
+        trained = load_hf(tiny_llama_dir, tr.state_numpy())
     finally:
         tr.close()
 
@@ -50,11 +45,11 @@ def test_training_raises_the_logprob_of_rewarded_completions(model_dir, stage):
     assert metrics[-1]["importance_weight_max"] > 1.01
 
 
-def test_old_logprobs_match_an_unpadded_forward_at_the_temperature(model_dir):
+def test_old_logprobs_match_an_unpadded_forward_at_the_temperature(tiny_llama_dir):
     # behaviour log-probs from an unpadded forward at T = 0.7: the trainer's padded, shifted, tempered
     # recomputation must agree token by token, so every importance weight is exactly 1
-    batch = make_batch(load_hf(model_dir), temperature=0.7)
-    tr = trainer(model_dir, 0, temperature=0.7, micro_batch_size=16)
+    batch = make_batch(load_hf(tiny_llama_dir), temperature=0.7)
+    tr = trainer(tiny_llama_dir, 0, temperature=0.7, micro_batch_size=16)
     try:
         m = tr.train_step(batch, GROUP)
     finally:
@@ -66,11 +61,11 @@ def test_old_logprobs_match_an_unpadded_forward_at_the_temperature(model_dir):
 @pytest.mark.parametrize(
     "stage, loss_agg", [(0, "token"), (0, "sequence"), (1, "token"), (2, "sequence"), (3, "token")]
 )
-def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, stage, loss_agg):
-    batch = make_batch(load_hf(model_dir), seed=3)
+def test_micro_batches_accumulate_to_the_full_batch_step(tiny_llama_dir, stage, loss_agg):
+    batch = make_batch(load_hf(tiny_llama_dir), seed=3)
     results = []
     for micro in (3, 16):  # 6 micro-batches (the last one short) vs one
-        tr = trainer(model_dir, stage, micro_batch_size=micro, loss_agg=loss_agg)
+        tr = trainer(tiny_llama_dir, stage, micro_batch_size=micro, loss_agg=loss_agg)
         try:
             results.append((tr.train_step(batch, GROUP), tr.state_numpy()))
         finally:
@@ -85,9 +80,9 @@ def test_micro_batches_accumulate_to_the_full_batch_step(model_dir, stage, loss_
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_state_numpy_round_trips_into_a_fresh_hf_model(model_dir, stage):
-    batch = make_batch(load_hf(model_dir))
-    tr = trainer(model_dir, stage)
+def test_state_numpy_round_trips_into_a_fresh_hf_model(tiny_llama_dir, stage):
+    batch = make_batch(load_hf(tiny_llama_dir))
+    tr = trainer(tiny_llama_dir, stage)
     try:
         tr.train_step(batch, GROUP)
         state = tr.state_numpy()
@@ -96,20 +91,20 @@ def test_state_numpy_round_trips_into_a_fresh_hf_model(model_dir, stage):
             engine_logits = tr.engine(input_ids=ids).logits
     finally:
         tr.close()
-    assert set(state) == set(load_hf(model_dir).state_dict())
+    assert set(state) == set(load_hf(tiny_llama_dir).state_dict())
     assert all(a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable for a in state.values())
-    fresh = load_hf(model_dir, state)
+    fresh = load_hf(tiny_llama_dir, state)
     with torch.no_grad():
         fresh_logits = fresh(input_ids=ids).logits
-        initial_logits = load_hf(model_dir)(input_ids=ids).logits
+        initial_logits = load_hf(tiny_llama_dir)(input_ids=ids).logits
     torch.testing.assert_close(fresh_logits, engine_logits, rtol=0, atol=1e-6)
     assert not torch.allclose(fresh_logits, initial_logits, atol=1e-4)  # the step really changed the weights
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_checkpoint_restores_version_weights_and_optimizer(model_dir, stage, tmp_path):
-    batches = [make_batch(load_hf(model_dir), seed=s) for s in range(3)]
-    first = trainer(model_dir, stage)
+def test_checkpoint_restores_version_weights_and_optimizer(tiny_llama_dir, stage, tmp_path):
+    batches = [make_batch(load_hf(tiny_llama_dir), seed=s) for s in range(3)]
+    first = trainer(tiny_llama_dir, stage)
     try:
         for b in batches[:2]:
             first.train_step(b, GROUP)
@@ -120,7 +115,7 @@ def test_checkpoint_restores_version_weights_and_optimizer(model_dir, stage, tmp
     finally:
         first.close()
 
-    resumed = trainer(model_dir, stage)
+    resumed = trainer(tiny_llama_dir, stage)
     try:
         assert resumed.version == 0
         client = resumed.load_checkpoint(str(tmp_path))
@@ -138,8 +133,8 @@ def test_checkpoint_restores_version_weights_and_optimizer(model_dir, stage, tmp
         np.testing.assert_allclose(got[name], expected[name], atol=1e-6, err_msg=name)
 
 
-def test_load_checkpoint_from_an_empty_directory_fails_loudly(model_dir, tmp_path):
-    tr = trainer(model_dir, 0)
+def test_load_checkpoint_from_an_empty_directory_fails_loudly(tiny_llama_dir, tmp_path):
+    tr = trainer(tiny_llama_dir, 0)
     try:
         with pytest.raises(FileNotFoundError, match="no DeepSpeed checkpoint"):
             tr.load_checkpoint(str(tmp_path))
@@ -148,9 +143,9 @@ def test_load_checkpoint_from_an_empty_directory_fails_loudly(model_dir, tmp_pat
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_kl_to_the_reference_model_grows_as_the_policy_moves(model_dir, stage):
-    batch = make_batch(load_hf(model_dir))
-    tr = trainer(model_dir, stage, kl_coef=0.5)
+def test_kl_to_the_reference_model_grows_as_the_policy_moves(tiny_llama_dir, stage):
+    batch = make_batch(load_hf(tiny_llama_dir))
+    tr = trainer(tiny_llama_dir, stage, kl_coef=0.5)
     try:
         if stage == 3:  # partitioned like the policy (an engine without optimizer), not a whole copy on every rank
             assert tr.ref_model.zero_optimization_stage() == 3
@@ -162,9 +157,9 @@ def test_kl_to_the_reference_model_grows_as_the_policy_moves(model_dir, stage):
     assert 0 < kls[1] < kls[2]
 
 
-def test_malformed_batches_are_rejected(model_dir):
-    batch = make_batch(load_hf(model_dir), n_groups=2)
-    tr = trainer(model_dir, 0)
+def test_malformed_batches_are_rejected(tiny_llama_dir):
+    batch = make_batch(load_hf(tiny_llama_dir), n_groups=2)
+    tr = trainer(tiny_llama_dir, 0)
     try:
         unrewarded = [Trajectory(**{**t.as_dict(), "reward": None}) if i == 5 else t for i, t in enumerate(batch)]
         with pytest.raises(ValueError, match=r"g0-1/1 reached the trainer without a reward"):
@@ -200,17 +195,17 @@ def test_lr_schedule_factors_by_hand():
     assert [round(lr_factor(cos, k), 4) for k in range(6)] == [1.0, 0.8682, 0.55, 0.2318, 0.1, 0.1]
 
 
-def test_lr_schedule_sets_the_rate_of_each_step_and_resumes_from_the_version(model_dir, tmp_path):
+def test_lr_schedule_sets_the_rate_of_each_step_and_resumes_from_the_version(tiny_llama_dir, tmp_path):
     schedule = {"kind": "cosine", "warmup_steps": 1, "min_ratio": 0.5, "total_steps": 3}
-    batch = make_batch(load_hf(model_dir))
-    tr = trainer(model_dir, 1, lr=1e-3, lr_schedule=schedule)
+    batch = make_batch(load_hf(tiny_llama_dir))
+    tr = trainer(tiny_llama_dir, 1, lr=1e-3, lr_schedule=schedule)
     try:
         lrs = [tr.train_step(batch, GROUP)["lr"] for _ in range(2)]
         tr.save_checkpoint(str(tmp_path))
     finally:
         tr.close()
     assert lrs == pytest.approx([1e-3, 1e-3])  # warmup (1 of 1), then the cosine's start
-    again = trainer(model_dir, 1, lr=1e-3, lr_schedule=schedule)
+    again = trainer(tiny_llama_dir, 1, lr=1e-3, lr_schedule=schedule)
     try:
         again.load_checkpoint(str(tmp_path))
         assert again.train_step(batch, GROUP)["lr"] == pytest.approx(5e-4)  # step 3 of 3: the floor, not a restart
@@ -218,16 +213,16 @@ def test_lr_schedule_sets_the_rate_of_each_step_and_resumes_from_the_version(mod
         again.close()
 
 
-def test_environment_tokens_are_context_not_trained(model_dir):
+def test_environment_tokens_are_context_not_trained(tiny_llama_dir):
     """Multi-turn: completion tokens with loss_mask 0 (environment observations) count in no loss, importance
     weight or token normaliser: junk behaviour log-probs there would blow the weights up if they did."""
-    batch = make_batch(load_hf(model_dir), seed=5)
+    batch = make_batch(load_hf(tiny_llama_dir), seed=5)
     masked = []
     for t in batch:
         mask = [1 if j % 3 else 0 for j in range(len(t.completion_ids))]  # every third token "from the environment"
         logprobs = [lp if m else -50.0 for lp, m in zip(t.behaviour_logprobs, mask)]
         masked.append(Trajectory(**{**t.as_dict(), "loss_mask": mask, "behaviour_logprobs": logprobs}))
-    tr = trainer(model_dir, 0, micro_batch_size=16)
+    tr = trainer(tiny_llama_dir, 0, micro_batch_size=16)
     try:
         m = tr.train_step(masked, GROUP)
     finally:

@@ -13,16 +13,11 @@ ZERO3 = {**SGD, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimize
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", max_importance_ratio=5.0)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def test_gradient_checkpointing_recomputes_each_layer_and_keeps_the_step(model_dir):
-    batch = stale(make_batch(load_hf(model_dir), seed=5))
+def test_gradient_checkpointing_recomputes_each_layer_and_keeps_the_step(tiny_llama_dir):
+    batch = stale(make_batch(load_hf(tiny_llama_dir), seed=5))
     calls = {}
     for on in (False, True):
-        tr = DeepSpeedTrainer(model_dir, SGD, lr=1.0, kl_coef=0.0, packing=True, gradient_checkpointing=on, **ALGO)
+        tr = DeepSpeedTrainer(tiny_llama_dir, SGD, lr=1.0, kl_coef=0.0, packing=True, gradient_checkpointing=on, **ALGO)
         count = calls[on] = []
         # a pre-hook: the recompute stops early, once it has what backward needs, so the layer's forward never returns
         tr.engine.module.model.layers[0].register_forward_pre_hook(lambda *_, count=count: count.append(1))
@@ -32,8 +27,8 @@ def test_gradient_checkpointing_recomputes_each_layer_and_keeps_the_step(model_d
             tr.close()
     # per micro-batch: the old-log-prob pass and the training pass, plus, checkpointed, backward's recompute
     assert (len(calls[False]), len(calls[True])) == (2 * micro, 3 * micro)
-    assert_same_step(gradient_step(model_dir, batch, loss_agg="token", packing=True, gradient_checkpointing=True),
-                     gradient_step(model_dir, batch, loss_agg="token", packing=True))
+    assert_same_step(gradient_step(tiny_llama_dir, batch, loss_agg="token", packing=True, gradient_checkpointing=True),
+                     gradient_step(tiny_llama_dir, batch, loss_agg="token", packing=True))
 
 
 @pytest.mark.parametrize("build", [build_tiny_llama, build_tiny_qwen2])  # Qwen2: tied embeddings
@@ -53,15 +48,15 @@ def test_zero3_builds_the_model_partitioned_with_the_checkpoints_weights(build, 
         np.testing.assert_array_equal(state[name], value.numpy(), err_msg=name)
 
 
-def test_zero3_with_packing_checkpointing_and_chunks_takes_the_plain_step(model_dir):
+def test_zero3_with_packing_checkpointing_and_chunks_takes_the_plain_step(tiny_llama_dir):
     """Everything at once under ZeRO-3 (the lm_head gathered for each chunk, recomputed chunks and layers included)
     against ZeRO-0 on padded rows and full logits."""
-    batch = stale(make_batch(load_hf(model_dir), seed=6))
-    plain = gradient_step(model_dir, batch, loss_agg="token", logit_chunk_tokens=0)
+    batch = stale(make_batch(load_hf(tiny_llama_dir), seed=6))
+    plain = gradient_step(tiny_llama_dir, batch, loss_agg="token", logit_chunk_tokens=0)
     torch.manual_seed(0)
-    tr = DeepSpeedTrainer(model_dir, ZERO3, lr=1.0, kl_coef=0.0, packing=True, gradient_checkpointing=True,
+    tr = DeepSpeedTrainer(tiny_llama_dir, ZERO3, lr=1.0, kl_coef=0.0, packing=True, gradient_checkpointing=True,
                           logit_chunk_tokens=5, **ALGO)
-    initial = {k: v.detach().numpy().copy() for k, v in load_hf(model_dir).state_dict().items()}
+    initial = {k: v.detach().numpy().copy() for k, v in load_hf(tiny_llama_dir).state_dict().items()}
     try:
         metrics = tr.train_step(batch, GROUP)
         after = tr.state_numpy()
@@ -70,11 +65,11 @@ def test_zero3_with_packing_checkpointing_and_chunks_takes_the_plain_step(model_
     assert_same_step((metrics, {k: initial[k] - after[k] for k in after}), plain)
 
 
-def test_every_pass_of_a_step_runs_the_lm_head_as_often(model_dir):
+def test_every_pass_of_a_step_runs_the_lm_head_as_often(tiny_llama_dir):
     """ZeRO-3 gathers the lm_head weight for each chunk, a collective: a rank must not run fewer chunks because its
     micro-batch is shorter (ranks would wait on each other for good). The count per pass is the step's, not the pass's."""
-    batch = make_batch(load_hf(model_dir), seed=3)
-    tr = DeepSpeedTrainer(model_dir, SGD, lr=1.0, kl_coef=0.0, packing=True, micro_batch_tokens=40,
+    batch = make_batch(load_hf(tiny_llama_dir), seed=3)
+    tr = DeepSpeedTrainer(tiny_llama_dir, SGD, lr=1.0, kl_coef=0.0, packing=True, micro_batch_tokens=40,
                           logit_chunk_tokens=5, **ALGO)
     passes = []
     tr.engine.module.register_forward_pre_hook(lambda *_: passes.append([0]))

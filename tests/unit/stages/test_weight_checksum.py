@@ -102,17 +102,11 @@ transformers = pytest.importorskip("transformers")
 from engine_helpers import perturbed_state  # noqa: E402
 
 from rlflow.stages.engine_hf import HFEngine  # noqa: E402
-from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    return build_tiny_llama("repeat", progress=lambda line: None)
-
-
-@pytest.fixture(scope="module")
-def sent(model_dir):
-    return perturbed_state(transformers.AutoModelForCausalLM.from_pretrained(model_dir))
+def sent(repeat_model_dir):
+    return perturbed_state(transformers.AutoModelForCausalLM.from_pretrained(repeat_model_dir))
 
 
 class SkipsOne(HFEngine):
@@ -132,8 +126,8 @@ class CorruptsOne(HFEngine):
             target[0, 0] += 1e-3
 
 
-def test_hf_engine_reports_the_version_and_the_checksum_it_holds(model_dir, sent):
-    engine = HFEngine(model_dir)
+def test_hf_engine_reports_the_version_and_the_checksum_it_holds(repeat_model_dir, sent):
+    engine = HFEngine(repeat_model_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read-only views copy in without a warning
         loaded = engine.load_weights(sent, version=4)
@@ -143,15 +137,15 @@ def test_hf_engine_reports_the_version_and_the_checksum_it_holds(model_dir, sent
 
 
 @pytest.mark.parametrize("engine_cls", [SkipsOne, CorruptsOne])
-def test_hf_engine_reads_back_what_it_holds(engine_cls, model_dir, sent):
-    loaded = engine_cls(model_dir).load_weights(sent, version=2)
+def test_hf_engine_reads_back_what_it_holds(engine_cls, repeat_model_dir, sent):
+    loaded = engine_cls(repeat_model_dir).load_weights(sent, version=2)
     assert loaded["version"] == 2 and loaded["checksum"] != checksum(sent)
 
 
-def test_hf_engine_in_another_dtype_verifies_against_the_converted_source(model_dir, sent):
-    engine = HFEngine(model_dir, dtype="bfloat16")
+def test_hf_engine_in_another_dtype_verifies_against_the_converted_source(repeat_model_dir, sent):
+    engine = HFEngine(repeat_model_dir, dtype="bfloat16")
     assert engine.load_weights(sent, version=1)["checksum"] == checksum(sent)
-    bad = CorruptsOne(model_dir, dtype="bfloat16").load_weights(sent, version=1)
+    bad = CorruptsOne(repeat_model_dir, dtype="bfloat16").load_weights(sent, version=1)
     assert bad["checksum"] != checksum(sent)
 
 
