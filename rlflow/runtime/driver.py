@@ -27,6 +27,7 @@ import ray
 
 from rlflow.errors import RunFailed
 from rlflow.runtime import checkpoint, run_setup
+from rlflow.runtime.hooks import RunHooks
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
@@ -51,9 +52,13 @@ RESUME_HINT = ("rlflow run --resume continues from the last checkpoint; the ledg
 
 
 class Run:
-    """Executes one plan; `run()` returns the per-step history."""
+    """Executes one plan; `run()` returns the per-step history.
 
-    def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print, clock: RunClock | None = None):
+    `hooks` (hooks.py RunHooks) is how tests and tools observe or perturb a run — at set-up's end, after each event,
+    batch handed to the trainer and step, and before the final export — instead of subclassing Run."""
+
+    def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print, clock: RunClock | None = None,
+                 hooks: RunHooks | None = None):
         # absolute: actors (the trainer writes the checkpoint) need not share the driver's working directory
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = dict(plan["control"]["staleness"])
@@ -68,6 +73,7 @@ class Run:
         self.metrics = Metrics(plan, log=log)
         self.log = self.metrics.log  # on a terminal, messages end the progress bar's line first
         self.clock = clock or RunClock()  # start-up timeline and the loop's own cost (run_clock.py)
+        self.hooks = hooks or RunHooks()
         self.trainer_dead = False
         self.restored: list[str] = []  # buffered groups a resume put back (not generated again)
         self.ledger_before: dict = {}  # the ledger's counts when a resume found it
@@ -75,6 +81,7 @@ class Run:
     # ------------------------------------------------------------------ setup, from the plan (run_setup.py)
     def _start(self) -> None:
         run_setup.start(self)  # resuming, when self.resume, through run_resume.restore
+        self.hooks.call("on_started", self)
 
     _get = staticmethod(get_within)
 
@@ -124,6 +131,7 @@ class Run:
                 event = self._next_event()
                 t2 = time.perf_counter()
                 self._handle(event)
+                self.hooks.call("on_event", self, event)
                 self.clock.busy((t1 - t0) + (time.perf_counter() - t2))  # all but the wait for the event
             status = "FINISHED" if not self.stop_requested else "KILLED"
         except RunFailed as err:
@@ -211,6 +219,7 @@ class Run:
         self.ledger.trained(self.step + 1, staleness, list(rewards))
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
         self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
+        self.hooks.call("on_consumed", self)
 
     def _on_trained(self, trained: dict) -> None:
         """A train step's result: finish it, unless its loss, gradient or update was not finite (trainer.py
@@ -267,6 +276,7 @@ class Run:
         self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
             self._checkpoint()
+        self.hooks.call("on_step", self, row)
 
     def _on_eval(self, step: int, result: dict | None) -> None:
         """Held-out metrics of the weights of `step`: MLflow at that step, its history row, the summary."""
@@ -352,6 +362,7 @@ class Run:
 
     def _export(self) -> None:
         """The last published weights as a Hugging Face directory in <run dir>/export/, logged as the MLflow model."""
+        self.hooks.call("before_export", self)
         t0 = time.perf_counter()
         path = self.exports.final(self.step, self.weights.ref)
         uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan["name"], "step": self.step,

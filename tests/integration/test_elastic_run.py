@@ -23,37 +23,38 @@ def test_scale_one_two_one_during_a_run(ray_cluster, workdir, capsys):
 
     from rlflow.compiler import write_plan
     from rlflow.runtime.driver import Run
+    from rlflow.runtime.hooks import RunHooks
 
     plan = plan_for("bounded_async", f"stages.train.steps={CAP}", "stages.rollout.replicas=1",
                     "stages.rollout.elastic.max_replicas=2")
     write_plan(plan, ".rlflow/plan.json")  # what `rlflow scale` reads to check the stage and the bounds
     messages: list[str] = []
 
-    class Scaled(Run):
+    class Scenario:
         """Asks for 2 instances after step 2 and for 1 once the second has served two steps, through `rlflow scale`
         (the command users type), from the driver's own loop so the timing does not depend on the machine."""
 
         phase, mark = "one", 0
         seen: list[tuple[int, int]] = []
 
-        def _finish_step(self, trained):
-            super()._finish_step(trained)
-            fleet = self.fleets[0]
-            self.seen.append((self.step, fleet.serving_count()))
-            if self.phase == "one" and self.step >= 2:
-                assert main(["scale", "rollout", "2", "--run", str(self.out_dir)]) == 0
+        def on_step(self, run, _row):
+            fleet = run.fleets[0]
+            self.seen.append((run.step, fleet.serving_count()))
+            if self.phase == "one" and run.step >= 2:
+                assert main(["scale", "rollout", "2", "--run", str(run.out_dir)]) == 0
                 self.phase = "growing"
             elif self.phase == "growing" and fleet.serving_count() == 2:
-                self.phase, self.mark = "two", self.step
-            elif self.phase == "two" and self.step >= self.mark + 2 and fleet.instances[1].finished:
-                assert main(["scale", "rollout", "1", "--run", str(self.out_dir)]) == 0
+                self.phase, self.mark = "two", run.step
+            elif self.phase == "two" and run.step >= self.mark + 2 and fleet.instances[1].finished:
+                assert main(["scale", "rollout", "1", "--run", str(run.out_dir)]) == 0
                 self.phase = "shrinking"
             elif self.phase == "shrinking" and fleet.serving_count() == 1 and not fleet.instances[1].alive:
-                self.phase, self.metrics.steps = "done", self.step + 2  # end the run normally two steps later
+                self.phase, run.metrics.steps = "done", run.step + 2  # end the run normally two steps later
 
-    run = Scaled(plan, out_dir=Path(".rlflow/runs/elastic"), log=messages.append)
+    scenario = Scenario()
+    run = Run(plan, out_dir=Path(".rlflow/runs/elastic"), log=messages.append, hooks=RunHooks(on_step=scenario.on_step))
     run.run()
-    assert run.phase == "done", (run.phase, run.seen, messages[-5:])
+    assert scenario.phase == "done", (scenario.phase, scenario.seen, messages[-5:])
     fleet = run.fleets[0]
     first, added = fleet.instances
     assert added.finished > 0 and added.joined_t is not None and added.left_t > added.joined_t  # it generated

@@ -22,26 +22,25 @@ def test_agentic_pipeline_trains_whole_episodes(variant, ray_cluster, workdir, m
     import ray
 
     from rlflow.runtime.driver import Run
+    from rlflow.runtime.hooks import RunHooks
 
     trained: list[dict] = []
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
-    class Recording(Run):
-        def _start(self):
-            super()._start()
-            start = self.sink.start
+    def record_trained(run):
+        start = run.sink.start
 
-            def recording(rewards, version, info, submit):  # what the trainer is about to take from the store
-                trained.extend(ray.get(self.store.peek.remote(list(rewards)), timeout=60))
-                start(rewards, version, info, submit)
-            self.sink.start = recording
+        def recording(rewards, version, info, submit):  # what the trainer is about to take from the store
+            trained.extend(ray.get(run.store.peek.remote(list(rewards)), timeout=60))
+            start(rewards, version, info, submit)
+        run.sink.start = recording
 
     # test_run:small_chunk_hf decodes 4 tokens per step call, and snapshots come every 0.05 s: syncs find turns
     # mid-generation (most end within one 16-token step otherwise)
     extra = ["stages.rollout.replicas=2", "edges.4.policy.partial_rollout=true", "stages.rollout.engine=test_run:small_chunk_hf",
              "stages.rollout.coordinator.interval_s=0.05"] if variant == "interrupted" else []
     plan = plan_for("agentic_calc", "data.eval_size=16", "stages.rollout.env_kwargs.latency_s=0.05", *extra)
-    run = Recording(plan, out_dir=Path(".rlflow/runs/agentic"), log=lambda *a, **k: None)
+    run = Run(plan, out_dir=Path(".rlflow/runs/agentic"), log=lambda *a, **k: None, hooks=RunHooks(on_started=record_trained))
     run.run()
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)  # conservation, staleness <= eta, ledger: episodes count as one trajectory each

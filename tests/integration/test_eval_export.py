@@ -20,21 +20,20 @@ def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, ca
     from rlflow.runtime import export
     from rlflow.runtime.driver import Run
     from rlflow.runtime.evaluation import held_out
+    from rlflow.runtime.hooks import RunHooks
 
-    class KeepsPublished(Run):
+    published: dict = {}
+
+    def keep_published(run):
         """Keeps a copy of the weights the final export is written from (the store's copy dies with the run)."""
+        from rlflow.runtime.parameter_server import fetch_state
 
-        published = None
-
-        def _export(self):
-            from rlflow.runtime.parameter_server import fetch_state
-
-            KeepsPublished.published = {k: t.numpy() for k, t in fetch_state(self.weights.ref).items()}
-            super()._export()
+        published.update({k: t.numpy() for k, t in fetch_state(run.weights.ref).items()})
 
     plan = plan_for("quickstart", "data.eval=0.1", "data.eval_size=12", "data.eval_k=2", "stages.train.eval_every=2",
                     "stages.train.save_every=2")
-    run = KeepsPublished(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None)
+    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None,
+              hooks=RunHooks(before_export=keep_published))
     run.run()
     assert [h["step"] for h in run.history] == [1, 2, 3]
 
@@ -62,8 +61,8 @@ def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, ca
     assert (out / "step-2" / "model.safetensors").is_file()
     assert json.loads((out / export.INFO).read_text())["version"] == run.weights.version == 3
     loaded = {k: v.detach().numpy() for k, v in AutoModelForCausalLM.from_pretrained(out).state_dict().items()}
-    assert set(loaded) == set(KeepsPublished.published)
-    for k, v in KeepsPublished.published.items():
+    assert set(loaded) == set(published)
+    for k, v in published.items():
         np.testing.assert_array_equal(loaded[k], v, err_msg=k)
     models = mlflow.search_logged_models(experiment_ids=[mlflow.get_run(run.tracker.run_id).info.experiment_id],
                                          output_format="list")

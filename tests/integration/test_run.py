@@ -15,6 +15,7 @@ from runs import REPO, SMALL, plan_for, run_plan
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.runtime.hooks import RunHooks
 
 pytestmark = pytest.mark.integration
 
@@ -92,28 +93,27 @@ def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
 
     from rlflow.runtime.driver import Run
 
-    class KillAfterRouting(Run):
+    killed = []
+
+    def kill_after_routing(run):
         """Kills an instance right after work was routed to it (deterministic: the work is in flight)."""
+        fleet = run.fleets[0]
+        send = fleet.send
 
-        victim = None
-
-        def _start(self):
-            super()._start()
-            fleet = self.fleets[0]
-            send = fleet.send
-
-            def send_after_kill(submit):
-                if self.victim is None and self.history:
-                    self.victim = next((i for i in fleet.instances if i.alive and i.routes), None)
-                    if self.victim is not None:
-                        ray.kill(self.victim.handle)
-                send(submit)
-            fleet.send = send_after_kill
+        def send_after_kill(submit):
+            if not killed and run.history:
+                victim = next((i for i in fleet.instances if i.alive and i.routes), None)
+                if victim is not None:
+                    killed.append(victim)
+                    ray.kill(victim.handle)
+            send(submit)
+        fleet.send = send_after_kill
 
     plan = plan_for("bounded_async", "stages.train.steps=4")
-    run = KillAfterRouting(plan, out_dir=Path(".rlflow/runs/x"), log=lambda *a: None)
+    run = Run(plan, out_dir=Path(".rlflow/runs/x"), log=lambda *a: None, hooks=RunHooks(on_started=kill_after_routing))
     run.run()
-    assert run.victim is not None and not run.victim.alive
+    victim = killed[0] if killed else None
+    assert victim is not None and not victim.alive
     assert run.counts["rerouted"] > 0
     assert len(run.history) == 4
     assert_accounted(run)
@@ -127,17 +127,17 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     generated again first."""
     from rlflow.runtime.driver import Run
 
-    class Recording(Run):
-        def _start(self):
-            super()._start()
-            self.drawn, fleet = [], self.fleets[0]
-            draw = fleet._draw
+    drawn_again: list[str] = []  # the groups the resumed run draws, in order
 
-            def recording():
-                gid, rows = draw()
-                self.drawn.append(gid)
-                return gid, rows
-            fleet._draw = recording
+    def record_draws(run):
+        fleet = run.fleets[0]
+        draw = fleet._draw
+
+        def recording():
+            gid, rows = draw()
+            drawn_again.append(gid)
+            return gid, rows
+        fleet._draw = recording
 
     plan = plan_for(pipeline, "stages.train.steps=4", *(["stages.buffer.batch_groups=8"] if pipeline == "streamrl" else []))
     out = Path(".rlflow/runs") / plan["name"]
@@ -150,18 +150,18 @@ def test_ctrl_c_checkpoints_and_resume_continues(pipeline, ray_cluster, workdir)
     assert (out / "state.json").exists()
     open_groups, drawn = ledger_open_groups(out)
     assert open_groups  # in flight, buffered or drawn ahead at the checkpoint: never trained
-    second = Recording(plan, out_dir=out, resume=True, log=lambda *a: None)
+    second = Run(plan, out_dir=out, resume=True, log=lambda *a: None, hooks=RunHooks(on_started=record_draws))
     second.run()
     assert [h["step"] for h in second.history] == list(range(1, 5))
     assert second.tracker.run_id == first.tracker.run_id
     regenerated = [g for g in open_groups if g not in second.restored]
     # generated again first, under their own ids (a run may end before it needs all of them: many are drawn
     # ahead under streamrl; those stay open in the ledger for the next resume)
-    first_drawn = second.drawn[:len(regenerated)]
+    first_drawn = drawn_again[:len(regenerated)]
     assert first_drawn == regenerated[:len(first_drawn)]
-    assert not set(second.restored) & set(second.drawn)  # restored groups are not generated again
-    if len(second.drawn) > len(regenerated):
-        assert second.drawn[len(regenerated)] == f"main-{drawn}"  # then the prompts after the first run's last
+    assert not set(second.restored) & set(drawn_again)  # restored groups are not generated again
+    if len(drawn_again) > len(regenerated):
+        assert drawn_again[len(regenerated)] == f"main-{drawn}"  # then the prompts after the first run's last
     assert_ledger(out, steps=4, batch=plan["control"]["staleness"]["batch_size"], eta=plan["control"]["staleness"]["eta"])
 
 
@@ -330,16 +330,14 @@ def test_buffered_groups_are_restored_not_generated_again(ray_cluster, workdir):
 
     from rlflow.runtime.driver import Run
 
-    class DiesAfterStep2(Run):
-        def _handle(self, event):
-            super()._handle(event)
-            if self.step >= 2 and (self.buffer.kept or self.sink.ref is not None):
-                raise Crash(f"the driver dies at step {self.step}")
+    def dies_after_step_2(run, _event):
+        if run.step >= 2 and (run.buffer.kept or run.sink.ref is not None):
+            raise Crash(f"the driver dies at step {run.step}")
 
     plan = plan_for("one_step", "stages.train.steps=4", "stages.train.checkpoint_every=1")
     out = Path(".rlflow/runs/restored")
     with pytest.raises(Crash):
-        DiesAfterStep2(plan, out_dir=out, log=lambda *a: None).run()
+        Run(plan, out_dir=out, log=lambda *a: None, hooks=RunHooks(on_event=dies_after_step_2)).run()
     restorable = ledger_restorable(out)
     assert restorable
     resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
@@ -482,21 +480,19 @@ def test_streamrl_dispatches_the_predicted_long_tail_to_its_own_instance(ray_clu
     instances into a long-tail and a regular lane, and every group runs in its lane (streamrl.txt §5.3)."""
     from rlflow.runtime.driver import Run
 
-    class Recorded(Run):
-        def _start(self):
-            super()._start()
-            self.placed = record_placements(self)
+    recorded: dict = {}  # placed: (lane, instance) of each group, from record_placements
 
     plan = compile_pipeline(REPO / "pipelines" / "streamrl.yaml",
                             ["stages.train.steps=4", "stages.rollout.group_size=4", "tracking.progress=false"])
-    run = Recorded(plan, out_dir=Path(".rlflow/runs/streamrl"), log=lambda *a: None)
+    run = Run(plan, out_dir=Path(".rlflow/runs/streamrl"), log=lambda *a: None,
+              hooks=RunHooks(on_started=lambda run: recorded.update(placed=record_placements(run))))
     run.run()
     assert len(run.history) == 4
     assert_accounted(run)
     n = run.counts
     assert n["ranker_observed"] > 0 and n["dispatch_plans"] > 0, n
     assert n["dispatch_long_groups"] > 0 and n["dispatch_long_instances"] == 1, n
-    assert {inst for lane, inst in run.placed if lane == "long"} == {0}  # the first alive instance is the lane
+    assert {inst for lane, inst in recorded["placed"] if lane == "long"} == {0}  # the first alive instance is the lane
     assert 0.0 <= run.history[-1]["ranker_recall_top20"] <= 1.0
 
 
@@ -532,16 +528,14 @@ def test_killed_trainer_stops_with_a_clear_message_and_resumes(ray_cluster, work
     from rlflow.errors import RunFailed
     from rlflow.runtime.driver import Run
 
-    class KillTrainer(Run):
-        def _consume(self):
-            super()._consume()
-            if self.step == 1:  # step 2 is in flight: kill the trainer under it
-                ray.kill(self.sink.actor)
+    def kill_trainer(run):
+        if run.step == 1:  # step 2 is in flight: kill the trainer under it
+            ray.kill(run.sink.actor)
 
     plan = plan_for("quickstart", "stages.train.steps=3", "stages.train.checkpoint_every=1")
     out = Path(".rlflow/runs/trainer-killed")
     with pytest.raises(RunFailed, match=r"trainer died during step 2.*--resume"):
-        KillTrainer(plan, out_dir=out, log=lambda *a: None).run()
+        Run(plan, out_dir=out, log=lambda *a: None, hooks=RunHooks(on_consumed=kill_trainer)).run()
     resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
     resumed.run()
     assert [h["step"] for h in resumed.history] == [1, 2, 3]
