@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 Number = int | float  # as written: an int stays an int, so the JSON round-trips byte for byte
 
-__all__ = ["Plan", "PlanOutdated", "RolloutActor", "TrainerActor", "EvaluatorActor", "ServerActor", "ValidationError"]
+__all__ = ["Plan", "PlanOutdated", "RolloutActor", "TrainerActor", "EvaluatorActor", "ServerActor", "ReadOperator", "RewardOperator", "FilterOperator",
+           "ValidationError"]
 
 
 class _Part(BaseModel):
@@ -123,11 +124,44 @@ class Task(_Part):
     holdout: Number | None = None
 
 
-class DataOperator(_Part):
-    """A Ray Data operator: a reader per task, a map per reward stage, a filter per filtered edge."""
+class ReadOperator(_Part):
+    """Reads one task's prompts into its rollout stage (rlflow/runtime/prompt_source.py)."""
 
     name: str
-    kind: Literal["read", "reward", "filter"]
+    kind: Literal["read"]
+    task: str
+    source: str
+    weight: Number | None = None
+    limit: int | None = None
+    prompt_field: str
+    answer_field: str | None = None
+    seed: int | None = None
+    to: str
+
+
+class RewardOperator(_Part):
+    """A reward stage: scores its tasks' trajectories (rlflow/runtime/reward_stream.py)."""
+
+    name: str
+    kind: Literal["reward"]
+    stage: str
+    fn: str
+    tasks: list[str]
+    concurrency: int = 1
+    num_cpus: Number = 1
+    resources: dict[str, Number] = {}
+
+
+class FilterOperator(_Part):
+    """A filter on the streaming edge after reward stage `after`."""
+
+    name: str
+    kind: Literal["filter"]
+    after: str
+    fn: str
+
+
+DataOperator = Annotated[ReadOperator | RewardOperator | FilterOperator, Field(discriminator="kind")]
 
 
 class Staleness(_Part):
@@ -242,15 +276,12 @@ class Plan(_Part):
         """The rollout stages in graph order: the order `rlflow run` and the simulator create their fleets in."""
         return [n["name"] for n in self.graph.nodes if n["kind"] == "rollout"]
 
-    def operators(self, kind: Literal["read", "reward", "filter"]) -> list[DataOperator]:
-        return [op for op in self.data_operators if op.kind == kind]
-
-    def reward_operators(self) -> list[DataOperator]:
-        return self.operators("reward")
+    def reward_operators(self) -> list[RewardOperator]:
+        return [op for op in self.data_operators if op.kind == "reward"]
 
     def filters(self) -> dict[str, str]:
         """The filter function after each reward stage that has one."""
-        return {op["after"]: op["fn"] for op in self.operators("filter")}
+        return {op.after: op.fn for op in self.data_operators if op.kind == "filter"}
 
     def max_new_tokens(self) -> dict[str, int]:
         """Each task's max_new_tokens: its rollout stage's."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import ray
 
+from rlflow.plan_model import Plan
 from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
 
 EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
@@ -290,20 +291,20 @@ class Evaluations:
     Evaluated: the initial weights and every `every` steps (every > 0), and the last step of a run that finishes.
     A call is submitted and the driver goes on; the result comes back as a ("eval", step) event."""
 
-    def __init__(self, plan: dict, model_dir: str, tokenizer):
+    def __init__(self, plan: dict | Plan, model_dir: str, tokenizer):
         from rlflow.runtime.model_shipping import ship_model
 
-        spec = next((a for a in plan["actors"] if a["role"] == "evaluator"), None)
+        plan = Plan.of(plan)
+        spec = plan.evaluator
         self.enabled = spec is not None
-        self.every = spec["every"] if spec else 0
+        self.every = spec.every if spec else 0
         self.pending: dict[int, object] = {}  # step -> ObjectRef of its result
         self.done: set[int] = set()
         self.actor = None
         if spec:
-            self.actor = Evaluator.options(num_cpus=spec["num_cpus"], num_gpus=spec["num_gpus"],
-                                           resources=spec.get("resources", {})).remote(
-                spec["engine"], ship_model(model_dir), spec["engine_kwargs"], prepare(spec, tokenizer, plan["source"]), spec["k"],
-                spec.get("episode"))
+            self.actor = Evaluator.options(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, resources=spec.resources).remote(
+                spec.engine, ship_model(model_dir), spec.engine_kwargs, prepare(spec, tokenizer, plan.source), spec.k,
+                spec.episode)
 
     def ready_refs(self) -> list:
         return [self.actor.ready.remote()] if self.actor else []

@@ -11,6 +11,7 @@ import math
 import time
 from collections import deque
 
+from rlflow.plan_model import Plan
 from rlflow.runtime.progress import Progress
 from rlflow.runtime.workload_measured import MEASURED_GROUPS, measured_workload, prompt_share
 
@@ -20,8 +21,9 @@ def _mean(xs) -> float | None:
 
 
 class Metrics:
-    def __init__(self, plan: dict, log=print):
-        self.steps = next(a for a in plan["actors"] if a["role"] == "trainer")["steps"]
+    def __init__(self, plan: dict | Plan, log=print):
+        plan = Plan.of(plan)
+        self.steps = plan.trainer.steps
         # to stdout: a bar with the ETA on a terminal, a line per step in a log (progress.py); every other message
         # of the run goes through `self.log` so it never lands on the end of a bar drawn in place
         self.out = Progress(self.steps) if log is print else None

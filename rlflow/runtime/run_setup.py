@@ -10,7 +10,7 @@ import time
 
 import ray
 
-from rlflow.plan_read import rollout_order
+from rlflow.plan_model import Plan
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.evaluation import Evaluations
@@ -37,45 +37,43 @@ def start(run) -> None:
     from rlflow.runtime.reward_stream import RewardStream
     from rlflow.runtime.tracking import Tracker
 
-    plan = run.plan
-    for d in reversed(plan.get("python_path", [])):  # user reward/filter modules beside the pipeline
+    plan = Plan.of(run.plan)  # typed once here; a no-op when the run was given a Plan
+    for d in reversed(plan.python_path):  # user reward/filter modules beside the pipeline
         if d not in sys.path:
             sys.path.insert(0, d)
-    check_sources(plan["tasks"], plan["source"])  # a bad row in a file's head fails before any actor starts
+    check_sources(plan["tasks"], plan.source)  # a bad row in a file's head fails before any actor starts
     model_dir = str(prepare_model(plan, log=run.log))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    max_new = {t: a["engine_kwargs"]["max_new_tokens"] for a in plan["actors"] if a["role"] == "rollout" for t in a["tasks"]}
-    max_model_len = plan["pipeline"]["model"]["max_model_len"]
+    max_new = plan.max_new_tokens()
+    max_model_len = plan.model["max_model_len"]
     check_prompt_lengths(plan["tasks"], tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
-                         source=plan["source"])  # an over-long prompt in a file's head, before any actor starts
+                         source=plan.source)  # an over-long prompt in a file's head, before any actor starts
     run.clock.mark("model")
-    actors = {a["role"]: a for a in plan["actors"]}
-    run.store = PayloadStore.options(num_cpus=actors["trajectory_server"]["num_cpus"]).remote()
-    run.weights = ParameterServerHandle(actors["parameter_server"], CALL_TIMEOUT_S)
+    run.store = PayloadStore.options(num_cpus=plan.trajectory_server.num_cpus).remote()
+    run.weights = ParameterServerHandle(plan.parameter_server, CALL_TIMEOUT_S)
     run.sink = TrainSink(plan, model_dir=model_dir, store=run.store, params=run.weights.server)
     run.ledger = Ledger(run.out_dir, run.control["eta"], fresh=not run.resume)
     run.buffer = Buffer(run.control, run.store, run.ledger, run.counts, run._abort_group, log=run.log)
-    rollout_stages = rollout_order(plan)  # the simulator serves its fleets in the same order
+    rollout_stages = plan.rollout_stages()  # the simulator serves its fleets in the same order
     state, resumed = None, None
     if run.resume:
-        state = checkpoint.load(run.out_dir, run.sink, source=plan["source"], log=run.log)  # falls back, saying so
+        state = checkpoint.load(run.out_dir, run.sink, source=plan.source, log=run.log)  # falls back, saying so
         run.ledger_before = run.ledger.counts()
         resumed = run.ledger.resume(state["step"])
     run.prompts = PromptSource(plan["tasks"], tokenizer, max_new_tokens=max_new,
-                               max_model_len=plan["pipeline"]["model"]["max_model_len"], seed=plan["pipeline"]["data"]["seed"],
-                               source=plan["source"], skip=resumed.drawn if resumed else None)
+                               max_model_len=max_model_len, seed=plan.pipeline["data"]["seed"],
+                               source=plan.source, skip=resumed.drawn if resumed else None)
     run.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=run.store, buffer=run.buffer, prompts=run.prompts,
                                ledger=run.ledger, counts=run.counts, log=run.log) for s in rollout_stages]
     run.elastic = Scaling(run.fleets, run.out_dir, log=run.log)  # `rlflow scale`, and elastic.auto
-    filters = {op["after"]: op["fn"] for op in plan["data_operators"] if op["kind"] == "filter"}
-    run.streams = [RewardStream(run.store, stage=op["stage"], reward_fn=op["fn"], filter_fn=filters.get(op["stage"]),
-                                concurrency=op["concurrency"], num_cpus=op["num_cpus"],
-                                source=plan["source"], resources=op.get("resources"))
-                   for op in plan["data_operators"] if op["kind"] == "reward"]
+    filters = plan.filters()
+    run.streams = [RewardStream(run.store, stage=op.stage, reward_fn=op.fn, filter_fn=filters.get(op.stage),
+                                concurrency=op.concurrency, num_cpus=op.num_cpus,
+                                source=plan.source, resources=op.get("resources"))
+                   for op in plan.reward_operators()]
     run.model_dir = model_dir
     run.evals = Evaluations(plan, model_dir, tokenizer)  # held-out scoring on an actor of its own
-    save_every = next(a for a in plan["actors"] if a["role"] == "trainer").get("save_every", 0)
-    run.exports = RunExports(run.out_dir, model_dir, plan, save_every)  # export/step-<N>/, and export/ at the end
+    run.exports = RunExports(run.out_dir, model_dir, plan.raw, plan.trainer.save_every)  # export/step-<N>/, and export/ at the end
     if state:
         restore(run, state, resumed)
     starting = {"rollout": [r for f in run.fleets for r in f.ready_refs()], "trainer": [run.sink.actor.ready.remote()],

@@ -14,6 +14,7 @@ from pathlib import Path
 import ray
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.plan_model import Plan
 from rlflow.runtime.checkpoint import CheckpointDamaged
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.trainer_worker import RANK_CALL_TIMEOUT_S, launch_trainer
@@ -58,16 +59,17 @@ LOAD_TIMEOUT_S = 900
 class TrainSink:
     """The plan's trainer (its ranks in one placement group; the driver holds rank 0) and the step in flight."""
 
-    def __init__(self, plan: dict, *, model_dir: str, store, params):
+    def __init__(self, plan: dict | Plan, *, model_dir: str, store, params):
+        plan = Plan.of(plan)
         deepspeed_config = check_deepspeed_config(plan)  # before the actor: a bad config is exit 2, not a traceback
-        spec = next(a for a in plan["actors"] if a["role"] == "trainer")
-        self.steps, self.checkpoint_every = spec["steps"], spec["checkpoint_every"]
+        spec = plan.trainer
+        self.steps, self.checkpoint_every = spec.steps, spec.checkpoint_every
         # groups may differ in size between rollout stages; the trainer checks none exceeds the largest
-        self.group_size = max(a["group_size"] for a in plan["actors"] if a["role"] == "rollout")
+        self.group_size = max(a.group_size for a in plan.rollouts())
         self.actor, self.placement = launch_trainer(
-            ship_model(model_dir), deepspeed_config, spec["trainer_kwargs"], store, params, world_size=spec.get("replicas", 1),
-            options={"num_cpus": spec["num_cpus"], "num_gpus": spec["num_gpus"], "resources": spec.get("resources", {})},
-            source=plan["source"], stage=spec["stage"], weights=spec.get("weights"))
+            ship_model(model_dir), deepspeed_config, spec.trainer_kwargs, store, params, world_size=spec.replicas,
+            options={"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "resources": spec.resources},
+            source=plan.source, stage=spec.stage, weights=spec.weights)
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 
