@@ -1,6 +1,7 @@
 """The Ray executor of a plan (`rlflow run`). Imports Ray; nothing in rlflow.schema or the compiler imports this.
 
-A trajectory's path, file by file (driver.py runs the loop that moves it between them):
+A trajectory's path, file by file (driver.py runs the loop that moves it between them; messages.py types what
+crosses each hop):
 
   prompt_source.py      a prompt drawn from its task's file (rlflow/prompt_rows.py judges the row)
   trajectory_server.py  waits to be routed (StaleFlow's TS), per fleet; rollout_coordinator.py routes it
@@ -17,8 +18,9 @@ and the weights' path after a training step:
   parameter_server.py   holds it (weight_link.py: the collective transport's links)
   rollout_worker.py     each instance pulls it when its coordinator says (operators/sync.py)
 
-Beside the path: launch.py starts a run, checkpoint.py saves and resumes it, scaling.py adds or removes rollout
-instances, dispatch_lanes.py is StreamRL's skew-aware dispatch, evaluation.py and export.py use the weights, and
-metrics.py, tracking.py, progress.py, run_clock.py, watchdog.py, stop_signal.py, run_lock.py and reaper.py keep the
-run observable and owned.
+Beside the path: launch.py starts a run, run_setup.py builds it from the plan, run_resume.py resumes it from the
+ledger, checkpoint.py saves and loads it, hooks.py lets tests and tools watch the driver's loop, scaling.py adds or
+removes rollout instances, dispatch_lanes.py is StreamRL's skew-aware dispatch, evaluation.py and export.py use the
+weights, and metrics.py, tracking.py, progress.py, run_clock.py, watchdog.py, stop_signal.py, run_lock.py and
+reaper.py keep the run observable and owned.
 """

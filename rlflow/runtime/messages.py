@@ -3,8 +3,8 @@
 A trajectory's path, with the message on each hop:
 
   prompt_source.PromptSource.next  -> rollout_fleet     Prompt (the ledger stores it as JSON, to replay it on resume)
-  rollout_fleet                    -> trajectory_server  a group of rows, one per member: Trajectory.as_dict()
-  rollout_fleet                    -> rollout_worker     those rows in the step call (route), with the commands
+  rollout_fleet                    -> trajectory_server  a group: one Trajectory per member (stages/trajectory.py)
+  rollout_fleet                    -> rollout_worker     Trajectory, routed in the step call with the commands
   rollout_worker                   -> payload_store      Trajectory.as_dict() of the finished ones
   rollout_worker                   -> rollout_fleet      StepReport (FinishedMeta per finished trajectory)
   payload_store -> reward_stream (Ray Data, Arrow)       the format's business, inside the stream
@@ -18,6 +18,8 @@ Plain data (lists, not tensors) with slots: they pickle small across Ray's objec
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from rlflow.stages.trajectory import Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ class StepReport:
 
     instance: int  # the instance's index in its stage
     finished: list[FinishedMeta]  # trajectories finished in this step, payloads already in the store
-    interrupted: list[dict]  # partial trajectories handed back (Trajectory.as_dict()), to go back to the TS
+    interrupted: list[Trajectory]  # partial trajectories handed back, to go back to the TS
     snapshot: dict  # the engine's snapshot (StaleFlow §5.2): version, run_trajs, complete_trajs, ...
     busy_s: float  # seconds in engine.step (decoding)
     pull_s: float  # seconds loading weights

@@ -32,6 +32,7 @@ from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
 from rlflow.plan_read import PlanCoordination, named_profile
 from rlflow.runtime.trajectory_server import TrajectoryServer, row_tokens, traj_id
+from rlflow.stages.trajectory import Trajectory
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
 RESYNC_AFTER = 3  # consecutive rejected snapshots before P is re-read from the snapshot
@@ -180,14 +181,14 @@ class RolloutCoordinator:
             row = inst.running.get(tid)
             if row is None:
                 raise InvariantViolation(f"instance {i} reports trajectory {tid}, which the driver did not route there")
-            return TrajView(tid, row["group_id"], row["version"], row_tokens(row) if tokens is None else tokens)
+            return TrajView(tid, row.group_id, row.version, row_tokens(row) if tokens is None else tokens)
 
         run = [view(t, per) for t in snap["run_trajs"] if t not in aborted]
         wait = [view(t) for t in snap["wait_trajs"] if t not in aborted]
         env = [view(t) for t in snap.get("env_trajs", ()) if t not in aborted]  # multi-turn: between turns
         kv = per * len(run)
         for row in inst.routes:  # queued routes: admitted at the next step if the engine has room
-            v = TrajView(traj_id(row), row["group_id"], row["version"], row_tokens(row))
+            v = TrajView(traj_id(row), row.group_id, row.version, row_tokens(row))
             if len(run) < self.cost.max_running:
                 run.append(v)
                 kv += v.tokens
@@ -218,8 +219,8 @@ class RolloutCoordinator:
                 self.held[tid] = inst.index  # queued when the worker returns it
                 continue
             row = self.queue.pop(tid)
-            if not row["completion_ids"]:
-                row["version"] = version  # a fresh trajectory's V_traj is its first token's (stamped by the engine)
+            if not row.completion_ids:
+                row.version = version  # a fresh trajectory's V_traj is its first token's (stamped by the engine)
             launch(row)
             inst.routes.append(row)
             inst.running[tid] = row
@@ -277,7 +278,7 @@ class RolloutCoordinator:
             if target is not None:
                 self.coord.note_abort(target, [tid])
 
-    def returned(self, inst, rows: list[dict], instances) -> int:
+    def returned(self, inst, rows: list[Trajectory], instances) -> int:
         """The step's interrupted trajectories: to the instance a Route waits with, else to the TS.
 
         Returns how many trajectories were restarted because an interrupt found nothing to return.
@@ -303,15 +304,15 @@ class RolloutCoordinator:
                 self.restart(row)
         return len(lost)
 
-    def restart(self, row: dict) -> None:
+    def restart(self, row: Trajectory) -> None:
         """A trajectory whose instance lost it goes back to the TS from its prompt, with its group's V_traj."""
         target = self.held.pop(traj_id(row), None)
         if target is not None:
             self.coord.note_abort(target, [traj_id(row)])
-        self.queue.queue({**row, "completion_ids": [], "behaviour_logprobs": [], "versions_seen": [],
-                     "version": self.queue.reserved[row["group_id"]]})
+        self.queue.queue(replace(row, completion_ids=[], behaviour_logprobs=[], versions_seen=[],
+                                 version=self.queue.reserved[row.group_id]))
 
-    def orphaned(self, inst, rows: list[dict]) -> None:
+    def orphaned(self, inst, rows: list[Trajectory]) -> None:
         """A dead instance's trajectories: routes it never received go back to the TS as they are; the
         rest (generating, or interrupted and not returned) restart from their prompts."""
         queued = {traj_id(r) for r in inst.routes}

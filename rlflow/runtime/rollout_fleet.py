@@ -43,7 +43,7 @@ class RolloutInstance:
     pull: object = None  # (version, parameter_server.Published) to load at the next step
     pulling: object = None  # the Published the outstanding step loads (its report is checked against it)
     snapshot: dict | None = None  # the worker's report at the end of its last step
-    running: dict = field(default_factory=dict)  # traj_id -> routed row (kept to re-route on failure)
+    running: dict = field(default_factory=dict)  # traj_id -> routed Trajectory (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
     busy_s: float = 0.0  # seconds generating or loading weights
     step_s: float = 0.0  # seconds in engine.step alone (decoding; no weight loads)
@@ -119,13 +119,13 @@ class RolloutFleet:
             self.coordination.coord.P.inst_version[inst.index] = version
 
     # ------------------------------------------------------------------ prompts -> the TS
-    def _draw(self) -> tuple[str, list[dict]]:
-        """A prompt's group for the TS: one row (Trajectory.as_dict()) per member, nothing generated yet."""
+    def _draw(self) -> tuple[str, list[Trajectory]]:
+        """A prompt's group for the TS: one Trajectory per member, nothing generated yet."""
         p = self.replay.pop(0) if self.replay else self.prompts.next(self.tasks)
         gid = p.group_id
         self.ledger.drawn(gid, p)
         return gid, [Trajectory(group_id=gid, index=m, prompt=p.prompt, answer=p.answer, prompt_ids=p.prompt_ids,
-                                task=p.task, row=p.row).as_dict() for m in range(self.members)]
+                                task=p.task, row=p.row) for m in range(self.members)]
 
     def _top_up(self) -> None:
         """Keep one batch of groups drawn ahead but not routed (§5.1: the TS samples prompts ahead).
@@ -135,7 +135,7 @@ class RolloutFleet:
             ts.add_group(*self._draw())
             drawn = True
         if self.dispatch is not None and (drawn or self.dispatch.dirty):
-            prompts = {r["group_id"]: r["prompt"] for r in ts.initial_rows()}
+            prompts = {r.group_id: r.prompt for r in ts.initial_rows()}
             self.dispatch.plan(prompts, self.serving_count())
 
     # ------------------------------------------------------------------ the coordinator cycle
@@ -169,8 +169,8 @@ class RolloutFleet:
         if self.dispatch is not None:
             self.dispatch.routed(gid)
 
-    def _launch(self, row: dict) -> None:
-        gid, tid = row["group_id"], traj_id(row)
+    def _launch(self, row: Trajectory) -> None:
+        gid, tid = row.group_id, traj_id(row)
         if tid not in self.assembler.running(gid):
             self.assembler.launch(gid, tid, self.coordination.queue.reserved[gid])
 

@@ -18,6 +18,7 @@ from rlflow.runtime.messages import FinishedMeta, StepReport
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.parameter_server import pull_buckets
 from rlflow.stages.engine import EngineDied
+from rlflow.stages.trajectory import Trajectory
 
 
 def one_thread() -> None:
@@ -56,14 +57,12 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.instance_id
 
-    def step(self, route: list[dict], abort: list[str], interrupt: list[str], pull) -> StepReport:
+    def step(self, route: list[Trajectory], abort: list[str], interrupt: list[str], pull) -> StepReport:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
         pull: None, or (version, parameter_server.Published) to load before generating. The report's `loaded` is
         then the engine's report of what it loaded ({version, checksum}), which the driver verifies.
         """
-        from rlflow.stages.trajectory import Trajectory
-
         pull_s, loaded = 0.0, None
         if pull is not None:
             version, published = pull
@@ -84,9 +83,7 @@ class RolloutWorker:
             else:  # its environment ended the episode meanwhile: complete, not partial
                 done.append(traj)
                 self.turns_not_complete -= 1
-        interrupted = [t.as_dict() for t in interrupted]
-        for row in route:
-            traj = Trajectory.from_dict(row)
+        for traj in route:
             if episodes:
                 episodes.begin(traj)
             self.engine.start(traj)
