@@ -184,19 +184,20 @@ def _scale(args) -> int:
 
     from rlflow.compiler import DEFAULT_PLAN, read_plan
     from rlflow.errors import Problem
+    from rlflow.plan_model import Plan
     from rlflow.runtime.launch import list_runs, locate_run
     from rlflow.runtime.scaling import read_status, request_scale
 
-    plan = read_plan(args.plan or DEFAULT_PLAN)
-    first = next((a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == args.stage), None)
+    plan = Plan.of(read_plan(args.plan or DEFAULT_PLAN))
+    first = next(iter(plan.rollouts(args.stage)), None)
 
     def fail(loc: str, message: str, rule: str, fix: str):
         raise PipelineInvalid("rlflow scale", [Problem((loc,), message, rule, fix)])
 
     if first is None:
-        stages = sorted({a["stage"] for a in plan["actors"] if a["role"] == "rollout"})
+        stages = sorted({a.stage for a in plan.rollouts()})
         fail("STAGE", f"the plan has no rollout stage '{args.stage}'", "unknown-stage", f"use one of {', '.join(stages)}")
-    e = first.get("elastic")
+    e = first.elastic
     if e is None:
         fail("STAGE", f"rollout stage '{args.stage}' is not elastic: it always has its replicas instances", "not-elastic",
              f"declare stages.{args.stage}.elastic (min_replicas, max_replicas), compile, and run again")
@@ -206,9 +207,9 @@ def _scale(args) -> int:
     if args.run is not None:
         run_dir = locate_run(args.run, command="rlflow scale")
     else:
-        runs = list_runs(plan["name"])
+        runs = list_runs(plan.name)
         if not runs:
-            fail("--run", f"no run of pipeline '{plan['name']}' in .rlflow/runs/{plan['name']}", "no-run",
+            fail("--run", f"no run of pipeline '{plan.name}' in .rlflow/runs/{plan.name}", "no-run",
                  "start one with `rlflow run`, or name its directory with --run")
         run_dir = runs[-1]
     path = request_scale(Path(run_dir), args.stage, args.instances)
