@@ -218,7 +218,7 @@ class Run:
         staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
         self.ledger.trained(self.step + 1, staleness, list(rewards))
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
-        self.sink.start(rewards, batch.version, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
+        self.sink.start(batch, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
         self.hooks.call("on_consumed", self)
 
     def _on_trained(self, trained: dict) -> None:

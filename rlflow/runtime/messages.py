@@ -1,16 +1,18 @@
 """The messages that cross a hop of the runtime, each a small frozen dataclass: who sends it to whom, what it holds.
 
-A trajectory's path, with the message on each hop:
+A trajectory's path, with the message on each hop (sender -> receiver: message):
 
-  prompt_source.PromptSource.next  -> rollout_fleet     Prompt (the ledger stores it as JSON, to replay it on resume)
-  rollout_fleet                    -> trajectory_server  a group: one Trajectory per member (stages/trajectory.py)
-  rollout_fleet                    -> rollout_worker     Trajectory, routed in the step call with the commands
-  rollout_worker                   -> payload_store      Trajectory.as_dict() of the finished ones
-  rollout_worker                   -> rollout_fleet      StepReport (FinishedMeta per finished trajectory)
-  payload_store -> reward_stream (Ray Data, Arrow)       the format's business, inside the stream
-  reward_stream                    -> driver -> buffer   ScoredBatch (ScoredTrajectory per member of whole groups)
-  buffer.consume                   -> driver -> train_sink  TrainBatch
-  train_sink                       -> trainer_worker     the batch's ids and rewards; rank 0 takes the payloads
+  prompt_source.PromptSource.next -> rollout_fleet: Prompt (the ledger keeps it as JSON, to replay it on resume)
+  rollout_fleet -> trajectory_server: one Trajectory (stages/trajectory.py) per member of the prompt's group
+  rollout_fleet -> rollout_worker: the routed Trajectory objects, in the step call with the commands (abort and
+      interrupt ids, a pull)
+  rollout_worker -> payload_store: Trajectory.as_dict() of the finished ones (the store's format, read back by the
+      reward stream, the ledger and the trainer)
+  rollout_worker -> rollout_fleet: StepReport (a FinishedMeta per finished trajectory; interrupted Trajectory objects)
+  payload_store -> reward_stream: Arrow batches inside Ray Data (the stream's own business)
+  reward_stream -> driver -> buffer: ScoredBatch (a ScoredTrajectory per member of whole groups)
+  buffer.consume -> driver -> train_sink: TrainBatch
+  train_sink -> trainer_worker: the batch's ids, rewards and version; rank 0 takes the payloads from the store
 
 Plain data (lists, not tensors) with slots: they pickle small across Ray's object store.
 """
@@ -110,8 +112,8 @@ class ScoredBatch:
 
 @dataclass(frozen=True, slots=True)
 class TrainBatch:
-    """The groups of one train step: buffer.Buffer.consume -> the driver, which records it in the ledger and hands
-    its ids and rewards to train_sink.TrainSink.start."""
+    """The groups of one train step: buffer.Buffer.consume -> the driver, which records it in the ledger ->
+    train_sink.TrainSink.start, which sends its ids, rewards and version to the trainer's rank 0."""
 
     policy_batch: object  # the staleness policy's batch (operators/policy.py): version, entries, staleness()
     rewards: dict[str, float]  # traj_id -> reward, for every trajectory trained

@@ -16,6 +16,7 @@ import ray
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.plan_model import Plan
 from rlflow.runtime.checkpoint import CheckpointDamaged
+from rlflow.runtime.messages import TrainBatch
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.trainer_worker import RANK_CALL_TIMEOUT_S, launch_trainer
 from rlflow.runtime.watchdog import RunStalled
@@ -73,9 +74,10 @@ class TrainSink:
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 
-    def start(self, rewards: dict[str, float], version: int, info: dict, submit) -> None:
+    def start(self, batch: TrainBatch, info: dict, submit) -> None:
+        """Rank 0 trains `batch` (its payloads it takes from the store by id) and publishes batch.version + 1."""
         self.batch_info = info
-        self.ref = self.actor.train.remote(list(rewards), rewards, self.group_size, version)
+        self.ref = self.actor.train.remote(list(batch.rewards), batch.rewards, self.group_size, batch.version)
         submit(self.ref, ("train", self, None))
 
     def save(self, directory: str, tag: str, client_state: dict) -> dict:
