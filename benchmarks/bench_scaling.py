@@ -70,7 +70,7 @@ def bench_rollout(ray, model_dir: str, instances: int, prompts: list[list[int]],
     workers = [RolloutWorker.options(num_cpus=1).remote("hf", model_dir, i, kwargs, store) for i in range(instances)]
     try:
         ray.get([w.ready.remote() for w in workers], timeout=600)
-        shares = [[Trajectory(group_id=f"p{k}", index=0, prompt="", answer="", prompt_ids=p).as_dict()
+        shares = [[Trajectory(group_id=f"p{k}", index=0, prompt="", answer="", prompt_ids=p)
                    for k, p in enumerate(prompts) if k % instances == i] for i in range(instances)]
         t0 = time.perf_counter()
         pending = {w.step.remote(share, [], [], None): w for w, share in zip(workers, shares)}
@@ -79,8 +79,8 @@ def bench_rollout(ray, model_dir: str, instances: int, prompts: list[list[int]],
             (ref,), _ = ray.wait(list(pending), num_returns=1, timeout=600)
             w = pending.pop(ref)
             out = ray.get(ref)
-            tokens += sum(f["tokens"] for f in out["finished"])
-            if not out["idle"]:
+            tokens += sum(f.tokens for f in out.finished)
+            if not out.idle:
                 pending[w.step.remote([], [], [], None)] = w
         return time.perf_counter() - t0, tokens
     finally:
