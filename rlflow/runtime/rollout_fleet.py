@@ -17,6 +17,7 @@ import ray
 
 from rlflow.errors import RunFailed
 from rlflow.operators.groups import GroupAssembler
+from rlflow.plan_model import Plan, RolloutActor
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import DispatchLanes
 from rlflow.runtime.messages import Prompt, StepReport
@@ -69,26 +70,28 @@ class RolloutInstance:
 class RolloutFleet:
     """A rollout stage's instances, group assembly and coordinator."""
 
-    def __init__(self, plan: dict, stage: str, *, model_dir: str, store, buffer, prompts, ledger, counts: dict, log=print):
+    def __init__(self, plan: dict | Plan, stage: str, *, model_dir: str, store, buffer, prompts, ledger, counts: dict,
+                 log=print):
         self.stage, self.store, self.buffer, self.prompts, self.counts, self.log = stage, store, buffer, prompts, counts, log
         self.ledger = ledger
-        actors = [a for a in plan["actors"] if a["role"] == "rollout" and a["stage"] == stage]
+        plan = Plan.of(plan)
+        actors = plan.rollouts(stage)
         self.spec = actors[0]
-        self.tasks = list(self.spec["tasks"])
-        self.reward_stage = {t: plan["tasks"][t]["reward"] for t in self.tasks}
-        self.group_size = self.spec["group_size"]
-        self.members = self.group_size + self.spec["group_redundancy"]  # trajectories launched per group
-        self.batch_groups = plan["control"]["staleness"]["batch_size"]
+        self.tasks = list(self.spec.tasks)
+        self.reward_stage = {t: plan.tasks[t].reward for t in self.tasks}
+        self.group_size = self.spec.group_size
+        self.members = self.group_size + self.spec.group_redundancy  # trajectories launched per group
+        self.batch_groups = plan.staleness.batch_size
         self.model = ship_model(model_dir)  # the model via the object store, for every instance (added ones too)
-        self.elastic = self.spec.get("elastic")  # None: always the plan's instances
+        self.elastic = self.spec.elastic  # None: always the plan's instances
         self.t0 = time.monotonic()
-        self.instances = [RolloutInstance(a["index"], self._spawn(a), joined_t=self.t0) for a in actors]
-        self.assembler = GroupAssembler(self.group_size, self.spec["group_redundancy"])
+        self.instances = [RolloutInstance(a.index, self._spawn(a), joined_t=self.t0) for a in actors]
+        self.assembler = GroupAssembler(self.group_size, self.spec.group_redundancy)
         pc = stage_coordination(plan, stage)
-        rollout = self.spec["engine_kwargs"] | {k: self.spec[k] for k in ("group_size", "group_redundancy")}
+        rollout = self.spec.engine_kwargs | {"group_size": self.group_size, "group_redundancy": self.spec.group_redundancy}
         self.coordination = RolloutCoordinator.for_stage(pc, rollout, self.instances, counts, log=log)
         self.dispatch = DispatchLanes.for_stage(pc, rollout, batch_groups=self.batch_groups,
-                                                  max_model_len=self.spec["engine_kwargs"]["max_model_len"],
+                                                  max_model_len=self.spec.engine_kwargs["max_model_len"],
                                                   counts=counts, log=log)
         self.replay: list[Prompt] = []  # prompts drawn but not trained before a resumed checkpoint: drawn first
         self.lengths: dict[str, int] = {}  # completion tokens per finished trajectory, until trained
@@ -103,10 +106,9 @@ class RolloutFleet:
             for k in ("episodes", "episode_turns", "env_tokens", "env_wait_s"):
                 counts.setdefault(k, 0)
 
-    def _spawn(self, a: dict):
-        opts = dict(num_cpus=a["num_cpus"], num_gpus=a["num_gpus"], resources=a.get("resources", {}))
-        return RolloutWorker.options(**opts).remote(a["engine"], self.model, a["index"], a["engine_kwargs"], self.store,
-                                                    a.get("episode"))
+    def _spawn(self, a: RolloutActor):
+        opts = dict(num_cpus=a.num_cpus, num_gpus=a.num_gpus, resources=a.resources)
+        return RolloutWorker.options(**opts).remote(a.engine, self.model, a.index, a.engine_kwargs, self.store, a.episode)
 
     def ready_refs(self) -> list:
         return [i.handle.ready.remote() for i in self.instances]
@@ -309,7 +311,7 @@ class RolloutFleet:
 
     def _add(self, submit) -> RolloutInstance:
         index = self.coordination.add_instance()
-        a = dict(self.spec, index=index, name=f"{self.stage}-{index}")
+        a = self.spec.model_copy(update={"index": index, "name": f"{self.stage}-{index}"})
         inst = RolloutInstance(index, self._spawn(a), alive=False, starting=True,
                                deadline=time.monotonic() + self.elastic["start_timeout_s"])
         self.instances.append(inst)
