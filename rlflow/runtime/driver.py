@@ -26,6 +26,7 @@ from pathlib import Path
 import ray
 
 from rlflow.errors import RunFailed
+from rlflow.plan_model import Plan
 from rlflow.runtime import checkpoint, run_setup
 from rlflow.runtime.hooks import RunHooks
 from rlflow.runtime.metrics import Metrics
@@ -57,11 +58,12 @@ class Run:
     `hooks` (hooks.py RunHooks) is how tests and tools observe or perturb a run — at set-up's end, after each event,
     batch handed to the trainer and step, and before the final export — instead of subclassing Run."""
 
-    def __init__(self, plan: dict, *, out_dir: Path, resume: bool = False, log=print, clock: RunClock | None = None,
+    def __init__(self, plan: dict | Plan, *, out_dir: Path, resume: bool = False, log=print, clock: RunClock | None = None,
                  hooks: RunHooks | None = None):
         # absolute: actors (the trainer writes the checkpoint) need not share the driver's working directory
+        plan = Plan.of(plan)  # typed once: every part of the run reads this one
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
-        self.control = dict(plan["control"]["staleness"])
+        self.control = plan.staleness.model_dump(exclude_unset=True)  # the buffer's policy arguments
         self.stop_requested = False
         self.stop_signal: int | None = None  # the signal that stopped the run (rlflow run exits 128 + it)
         self.grace: Grace | None = None  # after SIGTERM: the bound on the stop (stop_signal.py)
@@ -108,16 +110,16 @@ class Run:
             self.log(f"{f.stage}: {f.coordination.describe()}" + (f"; {f.dispatch.describe()}" if f.dispatch else ""))
         if self.elastic.fleets:
             self.log(self.elastic.describe())
-        self.log(f"run '{self.plan['name']}': {self.metrics.steps} steps of {self.control['batch_size']} groups; "
-                 f"tasks {', '.join(self.plan['tasks'])}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
+        self.log(f"run '{self.plan.name}': {self.metrics.steps} steps of {self.control['batch_size']} groups; "
+                 f"tasks {', '.join(self.plan.tasks)}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
         status = "FAILED"
         self.last_step_t = time.monotonic()
         self.metrics.start(sum(f.instance_s() for f in self.fleets))
-        trainer = next(a for a in self.plan["actors"] if a["role"] == "trainer")
+        trainer = self.plan.trainer
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         self.on_nonfinite = trainer.get("on_nonfinite", "stop")
         self.progress = ProgressCheck(trainer.get("no_progress_groups") or NO_PROGRESS_BATCHES * self.control["batch_size"],
-                                      {op["after"]: op["fn"] for op in self.plan["data_operators"] if op["kind"] == "filter"})
+                                      self.plan.filters())
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()
@@ -264,7 +266,7 @@ class Run:
         row.update(self.clock.steady())  # control_share, driver_cpu_share (from step 2 on)
         row["rollout_instances"] = sum(f.serving_count() for f in self.fleets)
         self.tracker.log_metrics(row, self.step)
-        if self.plan["pipeline"]["tracking"]["progress"]:
+        if self.plan.pipeline["tracking"]["progress"]:
             self.metrics.progress(row)
         if self.clock.marks.get("first_step") is None:
             self.clock.first_step_done()
@@ -284,7 +286,7 @@ class Run:
             return
         metrics = {k: v for k, v in result.items() if k.startswith("eval/")}
         self.tracker.log_metrics(metrics, step)
-        self.metrics.evaluated(step, metrics, show=self.plan["pipeline"]["tracking"]["progress"])
+        self.metrics.evaluated(step, metrics, show=self.plan.pipeline["tracking"]["progress"])
 
     def _recall(self) -> float | None:
         recalls = [f.dispatch.recall() for f in self.fleets if f.dispatch is not None]
@@ -351,7 +353,7 @@ class Run:
                 for step, result in self.evals.wait(EVAL_WAIT_S).items():
                     self._on_eval(step, result)
                 self.ledger.check(self.step, self.control["batch_size"])
-                pred = self.plan["prediction"]
+                pred = self.plan.prediction
                 self.tracker.log_figures(self.metrics.history, self.metrics.staleness_all,
                                          [p for f in self.fleets for p in f.timeline], self.control["eta"],
                                          pred["mean"] if pred.get("available") else None)
@@ -365,7 +367,7 @@ class Run:
         self.hooks.call("before_export", self)
         t0 = time.perf_counter()
         path = self.exports.final(self.step, self.weights.ref)
-        uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan["name"], "step": self.step,
+        uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan.name, "step": self.step,
                                                                  "version": self.weights.version})
         self.log(f"exported the policy (step {self.step}) to {path} in {time.perf_counter() - t0:.1f} s; "
                  f"MLflow model {uri}; load it with transformers.AutoModelForCausalLM.from_pretrained('{path}')")
