@@ -81,7 +81,7 @@ class Metrics:
             **{k: v for k, v in trained.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         }
         self._busy_prev, self._instance_s_prev = busy_s, instance_s
-        for task in self.plan["tasks"]:
+        for task in self.plan.tasks:
             mine = [i for i, t in enumerate(info["task_of_traj"]) if t == task]
             row[f"task/{task}/reward_all_mean"] = _mean(self.scored.get(task, []))
             row[f"task/{task}/scored"] = len(self.scored.get(task, []))
@@ -92,7 +92,7 @@ class Metrics:
         self.scored = {}
         for s in range(max(st) + 1):
             row[f"staleness_hist_{s}"] = st.count(s)
-        pred = self.plan["prediction"]
+        pred = self.plan.prediction
         if pred.get("available"):
             row["staleness_predicted"] = pred["mean"]
         if recall is not None:
