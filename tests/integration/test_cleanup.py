@@ -17,7 +17,7 @@ from rlflow.runtime import reaper
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 node = ray.get_runtime_context().get_node_id()
 reaper.start(node)  # as launch.py does for an embedded cluster
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + 180  # the agents start last; slower when the machine is busy
 while not any("Agent" in reaper._name(p) for p, _ in reaper._of_node(node)) and time.monotonic() < deadline:
     time.sleep(0.2)
 print(" ".join(str(p) for p, _ in reaper._of_node(node) | reaper.children(__import__("os").getpid())), flush=True)
