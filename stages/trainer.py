@@ -437,8 +437,9 @@ class DeepSpeedTrainer:
 
     def _weights_finite(self) -> bool:
         """Whether every weight this rank holds is finite (under ZeRO-3 its partition: each rank checks its own)."""
-        with torch.no_grad():
-            return all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in self.engine.module.parameters())
+        with torch.no_grad():  # one device sync for the whole check, not one per parameter (it runs every step)
+            flags = [torch.isfinite(getattr(p, "ds_tensor", p)).all() for p in self.engine.module.parameters()]
+            return bool(torch.stack(flags).all()) if flags else True
 
     def _grad_norm_stage0(self) -> float:
         """Pre-clip global grad norm; without ZeRO the plain torch optimizer does not record it."""
