@@ -146,7 +146,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         if spec.data.eval is not None:
             actors.append(_evaluator(spec, tasks, base_dir, every=10 if s.eval_every is None else s.eval_every))
     # control-plane servers: light, so they take a sliver of a CPU
-    actors.append({"name": "trajectory-server", "role": "trajectory_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
+    actors.append({"name": "payload-store", "role": "payload_store", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     return actors
 

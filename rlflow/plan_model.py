@@ -96,10 +96,10 @@ class EvaluatorActor(_Part):
 
 
 class ServerActor(_Part):
-    """A control-plane server: the trajectory server or the parameter server."""
+    """A control-plane server: the payload store (rlflow/runtime/payload_store.py) or the parameter server."""
 
     name: str
-    role: Literal["trajectory_server", "parameter_server"]
+    role: Literal["payload_store", "parameter_server"]
     stage: None = None
     num_cpus: Number
     num_gpus: Number
@@ -265,8 +265,8 @@ class Plan(_Part):
         return next(a for a in self.actors if a.role == "parameter_server")
 
     @property
-    def trajectory_server(self) -> ServerActor:
-        return next(a for a in self.actors if a.role == "trajectory_server")
+    def payload_store(self) -> ServerActor:
+        return next(a for a in self.actors if a.role == "payload_store")
 
     def rollouts(self, stage: str | None = None) -> list[RolloutActor]:
         """The rollout instances, of every stage or of `stage`, in plan order."""

@@ -1,6 +1,6 @@
 """Finished trajectories' payloads between rollout and train, and the source queues of the reward streams.
 
-A Ray actor (the plan's `trajectory_server` actor; the role keeps that plan.json name). Token ids and log-probs
+A Ray actor (the plan's `payload_store` actor). Token ids and log-probs
 pass through the driver only once, into the ledger, when a group is buffered (so a resumed run can restore it);
 otherwise they stay here, out of the driver. (Trajectories still to be routed wait in StaleFlow's trajectory
 server, trajectory_server.py.) Rollout workers `put` finished trajectories, the rollout fleet `enqueue_group`s a

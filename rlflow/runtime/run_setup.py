@@ -49,7 +49,7 @@ def start(run) -> None:
     check_prompt_lengths(plan["tasks"], tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
                          source=plan.source)  # an over-long prompt in a file's head, before any actor starts
     run.clock.mark("model")
-    run.store = PayloadStore.options(num_cpus=plan.trajectory_server.num_cpus).remote()
+    run.store = PayloadStore.options(num_cpus=plan.payload_store.num_cpus).remote()
     run.weights = ParameterServerHandle(plan.parameter_server, CALL_TIMEOUT_S)
     run.sink = TrainSink(plan, model_dir=model_dir, store=run.store, params=run.weights.server)
     run.ledger = Ledger(run.out_dir, run.control["eta"], fresh=not run.resume)

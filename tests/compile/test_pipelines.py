@@ -94,4 +94,4 @@ def test_actors_follow_replicas_and_resources():
     assert [a["name"] for a in rollouts] == ["rollout-0", "rollout-1"]
     assert all(a["num_cpus"] == 0.5 for a in rollouts)
     roles = {a["role"] for a in plan["actors"]}
-    assert {"trainer", "trajectory_server", "parameter_server"} <= roles
+    assert {"trainer", "payload_store", "parameter_server"} <= roles

@@ -44,7 +44,7 @@ def test_accessors_name_the_actors_by_role():
     assert [a.name for a in plan.rollouts("gen_repeat")] == ["gen_repeat-0"]
     assert plan.rollout_stages() == [n["name"] for n in raw["graph"]["nodes"] if n["kind"] == "rollout"]
     assert plan.evaluator is not None and plan.parameter_server.name == "parameter-server"
-    assert plan.trajectory_server.name == "trajectory-server"
+    assert plan.payload_store.name == "payload-store"
     assert [op.stage for op in plan.reward_operators()] == [o["stage"] for o in raw["data_operators"] if o["kind"] == "reward"]
     assert plan.staleness.batch_size == raw["control"]["staleness"]["batch_size"]
     assert plan.max_new_tokens() == {t: a["engine_kwargs"]["max_new_tokens"] for a in raw["actors"] if a["role"] == "rollout"
@@ -72,4 +72,17 @@ def test_run_refuses_an_outdated_plan_saying_to_recompile(tmp_path, capsys, monk
     assert main(["run", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert "[plan-outdated]" in err and "re-run `rlflow compile`" in err and "actors.0" in err
+    assert "Traceback" not in err
+
+
+def test_run_refuses_a_plan_with_the_old_trajectory_server_role(tmp_path, capsys):
+    """The payload store's role was `trajectory_server` (the name of StaleFlow's routing queue, another thing): a
+    plan written with it is of another shape, refused before the runtime reads it, with the way out."""
+    raw = json.loads(_plan(REPO / "pipelines" / "quickstart.yaml", []))
+    store = next(a for a in raw["actors"] if a["role"] == "payload_store")
+    store["name"], store["role"] = "trajectory-server", "trajectory_server"
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    assert main(["run", str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert "[plan-outdated]" in err and "re-run `rlflow compile`" in err and "'trajectory_server'" in err
     assert "Traceback" not in err

@@ -57,7 +57,7 @@ def test_mixed_plan_actors_carry_their_constructor_arguments():
                                          "lr_schedule": {"kind": "constant", "warmup_steps": 0, "min_ratio": 0.1,
                                                          "total_steps": 20}}
     assert (trainer["steps"], trainer["checkpoint_every"]) == (20, 10)
-    assert {a["role"] for a in plan["actors"]} == {"rollout", "trainer", "trajectory_server", "parameter_server"}
+    assert {a["role"] for a in plan["actors"]} == {"rollout", "trainer", "payload_store", "parameter_server"}
 
 
 def test_data_operators_follow_the_data_flow():
