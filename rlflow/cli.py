@@ -9,9 +9,13 @@ import shlex
 import sys
 import traceback
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from rlflow import __version__
 from rlflow.errors import PipelineInvalid, RunFailed
+
+if TYPE_CHECKING:
+    from rlflow.plan_model import Plan
 
 EXIT_OK, EXIT_BUG, EXIT_INVALID, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -156,14 +160,16 @@ def _run(args) -> int:
     from pathlib import Path
 
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan, write_plan
+    from rlflow.plan_model import Plan
 
     if args.resume not in (None, "latest") and args.plan is None and Path(args.resume).is_file():
         args.plan, args.resume = args.resume, "latest"  # `rlflow run --resume plan.json`: the plan, not a run
     plan_path = args.plan or DEFAULT_PLAN
     plan = read_plan(plan_path)
     if args.overrides:
-        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides, gpus_given(plan))
-        write_plan(plan, plan_path)
+        compiled = compile_pipeline(plan.source, plan.overrides + args.overrides, gpus_given(plan))
+        write_plan(compiled, plan_path)
+        plan = Plan.of(compiled)
     from rlflow.runtime.launch import launch
 
     summary = launch(plan, resume=args.resume or False, address=args.address)
@@ -184,11 +190,10 @@ def _scale(args) -> int:
 
     from rlflow.compiler import DEFAULT_PLAN, read_plan
     from rlflow.errors import Problem
-    from rlflow.plan_model import Plan
     from rlflow.runtime.launch import list_runs, locate_run
     from rlflow.runtime.scaling import read_status, request_scale
 
-    plan = Plan.of(read_plan(args.plan or DEFAULT_PLAN))
+    plan = read_plan(args.plan or DEFAULT_PLAN)
     first = next(iter(plan.rollouts(args.stage)), None)
 
     def fail(loc: str, message: str, rule: str, fix: str):
@@ -230,14 +235,14 @@ def _scale(args) -> int:
     return EXIT_UNAVAILABLE
 
 
-def _simulable(plan: dict) -> None:
+def _simulable(plan: Plan) -> None:
     """A plan the simulator cannot run as declared is refused (exit 2), not simulated otherwise."""
     from rlflow.errors import Problem
     from rlflow.sim.from_plan import ONE_STAGE_FIX, ONE_STAGE_RULE, not_simulable
 
     why = not_simulable(plan)
     if why:
-        raise PipelineInvalid(plan["source"], [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
+        raise PipelineInvalid(plan.source, [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
 
 
 def _stage_instances(config) -> str:
@@ -250,17 +255,18 @@ def _stage_instances(config) -> str:
 def _simulate(args) -> int:
     from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan
     from rlflow.errors import Problem
+    from rlflow.plan_model import Plan
     from rlflow.sim import SimConfigError, SimulationStalled, simulate
     from rlflow.sim.from_plan import plan_rollouts, sim_config
     from rlflow.sim.report import text_report, write_report
 
     plan = read_plan(args.plan or DEFAULT_PLAN)
     if args.overrides:
-        plan = compile_pipeline(plan["source"], plan["overrides"] + args.overrides, gpus_given(plan))
+        plan = Plan.of(compile_pipeline(plan.source, plan.overrides + args.overrides, gpus_given(plan)))
     _simulable(plan)
     rollouts = [n for n, _ in plan_rollouts(plan)]
     if args.instances is not None and len(rollouts) > 1:
-        raise PipelineInvalid(plan["source"], [Problem(
+        raise PipelineInvalid(plan.source, [Problem(
             ("--instances",), f"--instances {args.instances} is one count, but this plan has {len(rollouts)} rollout "
             f"stages ({', '.join(rollouts)})", "instances-per-stage",
             f"set each stage's count with --set stages.<name>.replicas=N (e.g. --set stages.{rollouts[0]}.replicas="
@@ -275,19 +281,19 @@ def _simulate(args) -> int:
                                    scale=tuple(scale))
         for note in notes:
             print(f"note: {note}")
-        print(f"simulating '{plan['name']}': {config.steps} steps, {config.mode} mode, {_stage_instances(config)}, "
+        print(f"simulating '{plan.name}': {config.steps} steps, {config.mode} mode, {_stage_instances(config)}, "
               f"policy {config.policy}" + (f" eta={config.eta}" if config.eta is not None else ""), flush=True)
         result = simulate(config)
     except (SimConfigError, ValueError, SimulationStalled) as e:
-        raise PipelineInvalid(plan["source"], [Problem(("simulate",), str(e), "bad-simulation", "see rlflow simulate --help")]) from None
+        raise PipelineInvalid(plan.source, [Problem(("simulate",), str(e), "bad-simulation", "see rlflow simulate --help")]) from None
     for t, after, n, why in result.scale_events:
         print(f"scale at {t:,.1f} s (after step {after}): {n} instance(s); {why}")
     print(text_report(result))
-    pred = plan["prediction"]
+    pred = plan.prediction
     if pred.get("available"):
         print(f"plan's predicted mean staleness {pred['mean']:.3f} vs simulated {result.mean_staleness:.3f}")
-    text, png = write_report(result, args.output, stem=plan["name"])
-    (text.parent / f"{plan['name']}.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    text, png = write_report(result, args.output, stem=plan.name)
+    (text.parent / f"{plan.name}.json").write_text(json.dumps(result.summary(), indent=2, default=str))
     print(f"wrote {text}, {png} and {text.with_suffix('.json')}")
     return EXIT_OK
 
@@ -407,10 +413,11 @@ def _doctor(args) -> int:
 def _tune(args) -> int:
     from rlflow.compiler import compile_pipeline
     from rlflow.errors import Problem
+    from rlflow.plan_model import Plan
     from rlflow.tune import TuneArgError, knob_name, tune
     from rlflow.tune_report import choose, overrides, table
 
-    plan = compile_pipeline(args.pipeline, args.overrides)
+    plan = Plan.of(compile_pipeline(args.pipeline, args.overrides))
     _simulable(plan)
     try:
         batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
@@ -427,18 +434,18 @@ def _tune(args) -> int:
         raise PipelineInvalid(args.pipeline, [Problem(("tune",), str(e), "bad-simulation", "see rlflow tune --help")]) from None
     for note in notes:
         print(f"note: {note}")
-    print("\n".join(table(candidates, knob_name(plan["control"]["staleness"]["kind"]))))
+    print("\n".join(table(candidates, knob_name(plan.staleness.kind))))
     best = choose(candidates)
     shipped = next((c for c in candidates if c.shipped and c.result), None)
     print(f"\nrecommended: {best.rollout_gpus} rollout GPUs"
           + (f" ({' + '.join(str(k * best.rollout_gpus // best.instances) for k in best.stages)} per rollout stage)"
              if best.stages else "") + f", {best.train_gpus} training GPUs"
-          + (f", {knob_name(plan['control']['staleness']['kind'])} {best.knob}" if best.knob is not None else "")
+          + (f", {knob_name(plan.staleness.kind)} {best.knob}" if best.knob is not None else "")
           + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
           + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "
              f"max staleness within its {shipped.result['max_staleness']})" if shipped else ""))
     if best.batch is not None:
-        print(f"note: the recommendation changes the batch from {plan['control']['staleness']['batch_size']} to "
+        print(f"note: the recommendation changes the batch from {plan.staleness.batch_size} to "
               f"{best.batch} groups per step: each sample gets a different share of the updates, which the simulator "
               "does not judge; check learning before keeping it")
     sets = " ".join(f"--set {o}" for o in [*args.overrides, *overrides(plan, best)])

@@ -58,7 +58,7 @@ def compile_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | No
     return plan
 
 
-def gpus_given(plan: dict) -> int | None:
+def gpus_given(plan: dict | Plan) -> int | None:
     """The `--gpus N` a plan was compiled with (None: counted where it was compiled), to compile it again the same."""
     return (plan.get("devices") or {}).get("given_gpus")
 
@@ -76,12 +76,12 @@ def write_plan(plan: dict, out: str | Path = DEFAULT_PLAN) -> tuple[Path, Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(plan, indent=2) + "\n")
     svg = out.with_suffix(".svg")
-    svg.write_text(render_svg(plan))
+    svg.write_text(render_svg(Plan.of(plan)))
     return out, svg
 
 
-def read_plan(path: str | Path = DEFAULT_PLAN) -> dict:
-    """Load a plan written by `rlflow compile`, or raise PipelineInvalid saying what to do."""
+def read_plan(path: str | Path = DEFAULT_PLAN) -> Plan:
+    """Load a plan written by `rlflow compile`, typed, or raise PipelineInvalid saying what to do."""
     path = Path(path)
     from rlflow.errors import Problem
     from rlflow.plan import PLAN_VERSION
@@ -96,10 +96,9 @@ def read_plan(path: str | Path = DEFAULT_PLAN) -> dict:
         raise PipelineInvalid(str(path), [Problem((), f"plan version {plan.get('plan_version') if isinstance(plan, dict) else '?'} is not {PLAN_VERSION}",
                                                   "plan-version", "re-run `rlflow compile` with this rlflow")])
     try:
-        Plan.checked(plan)  # a wrong shape here, not a KeyError deep in the runtime
+        return Plan.checked(plan)  # a wrong shape here, not a KeyError deep in the runtime
     except PlanOutdated as e:
         raise PipelineInvalid(str(path), [Problem((), str(e), "plan-outdated", "re-run `rlflow compile` with this rlflow")]) from None
-    return plan
 
 
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:

@@ -9,6 +9,7 @@ offers what the plan asks for, so a placed pipeline also runs on a laptop. No Ra
 from __future__ import annotations
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.plan_model import Plan, TrainerActor
 from rlflow.schema import Pipeline
 
 #: Ray's predefined resources, set per stage by num_cpus / num_gpus, not by `resources`
@@ -30,21 +31,21 @@ def check_stage_resources(spec: Pipeline) -> list[Problem]:
     return problems
 
 
-def requests(plan: dict) -> dict[str, tuple[dict[str, float], int]]:
+def requests(plan: Plan) -> dict[str, tuple[dict[str, float], int]]:
     """Per stage with custom resources: (resources per actor, number of actors) from the plan's actors and
     Ray Data operators (a trainer's ranks and a reward stage's concurrency count as actors)."""
     out: dict[str, tuple[dict[str, float], int]] = {}
-    for a in plan["actors"]:
-        if a.get("resources"):
-            res, n = out.get(a["stage"], (a["resources"], 0))
-            out[a["stage"]] = (res, n + a.get("replicas", 1))
-    for op in plan["data_operators"]:
-        if op.get("resources"):
-            out[op["stage"]] = (op["resources"], op.get("concurrency", 1))
+    for a in plan.actors:
+        if a.resources:
+            res, n = out.get(a.stage, (a.resources, 0))
+            out[a.stage] = (res, n + (a.replicas if isinstance(a, TrainerActor) else 1))
+    for op in plan.reward_operators():
+        if op.resources:
+            out[op.stage] = (op.resources, op.concurrency)
     return out
 
 
-def embedded_resources(plan: dict) -> dict[str, float]:
+def embedded_resources(plan: Plan) -> dict[str, float]:
     """What an embedded one-node cluster offers so every placed actor fits: the plan's total per resource."""
     total: dict[str, float] = {}
     for res, n in requests(plan).values():
@@ -53,7 +54,7 @@ def embedded_resources(plan: dict) -> dict[str, float]:
     return total
 
 
-def check_cluster(plan: dict, nodes: list[dict], where: str) -> None:
+def check_cluster(plan: Plan, nodes: list[dict], where: str) -> None:
     """Run start: PipelineInvalid (exit 2) naming stages.<name>.resources when no alive node of `nodes` (Ray's
     `ray.nodes()`) offers a resource a stage needs per actor, or the cluster offers less than all its actors
     together need; naming resources.num_cpus / num_gpus when its alive nodes hold fewer CPUs or GPUs than the plan
@@ -81,7 +82,7 @@ def check_cluster(plan: dict, nodes: list[dict], where: str) -> None:
                                         f"add nodes offering '{key}', lower the stage's replicas or concurrency, or "
                                         f"lower stages.{stage}.resources.{key}"))
     for key, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):  # a cluster that lost a node: fail now, not wait
-        need, offered = plan["resources"][field], sum(node.get(key, 0.0) for node in alive)
+        need, offered = getattr(plan.resources, field), sum(node.get(key, 0.0) for node in alive)
         if need > offered + 1e-9:
             problems.append(Problem(("resources", field), f"{where} offers {offered:g} {key}(s) on its {len(alive)} alive "
                                     f"node(s), but the plan's actors need {need:g} at once: they could never all be "
@@ -89,4 +90,4 @@ def check_cluster(plan: dict, nodes: list[dict], where: str) -> None:
                                     f"add nodes (or bring the lost one back) with {need - offered:g} more {key}(s), or lower "
                                     "the stages' replicas or num_cpus / num_gpus and compile again"))
     if problems:
-        raise PipelineInvalid(plan["source"], problems)
+        raise PipelineInvalid(plan.source, problems)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 Number = int | float  # as written: an int stays an int, so the JSON round-trips byte for byte
 
 __all__ = ["Plan", "PlanOutdated", "RolloutActor", "TrainerActor", "EvaluatorActor", "ServerActor", "ReadOperator", "RewardOperator", "FilterOperator",
-           "ValidationError"]
+           "Staleness", "Task", "ValidationError"]
 
 
 class _Part(BaseModel):
@@ -103,6 +103,7 @@ class ServerActor(_Part):
     stage: None = None
     num_cpus: Number
     num_gpus: Number
+    resources: dict[str, Number] = {}  # never written: servers take a sliver of a CPU anywhere
 
 
 Actor = Annotated[RolloutActor | TrainerActor | EvaluatorActor | ServerActor, Field(discriminator="role")]

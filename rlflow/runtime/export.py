@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlflow.plan_model import Plan
+
 WEIGHTS = "model.safetensors"
 INFO = "rlflow_export.json"
 #: files of the source model directory not copied: its weights (replaced) and its config (rewritten)
@@ -41,7 +43,7 @@ def _tied(model_dir: Path) -> bool:
 def write(state: dict, model_dir: str | Path, out: str | Path, *, info: dict | None = None,
           plan: dict | None = None) -> Path:
     """Write `state` (name -> numpy array or tensor, Hugging Face parameter names) as a Hugging Face directory at
-    `out`, with the config and tokenizer of `model_dir`. Files are written beside and moved in one by one, so a
+    `out`, with the config and tokenizer of `model_dir` (and `plan`, plan.json as written: Plan.raw). Files are written beside and moved in one by one, so a
     reader never sees a half-written file; subdirectories of `out` (step-<N>/ exports) are kept."""
     from safetensors.torch import save_file
 
@@ -121,7 +123,7 @@ class RunExports:
     `save_every` steps. Step exports are written by a background thread (training goes on); `final` waits for
     them, then writes its own."""
 
-    def __init__(self, run_dir: Path, model_dir: str, plan: dict, save_every: int):
+    def __init__(self, run_dir: Path, model_dir: str, plan: Plan, save_every: int):
         from concurrent.futures import ThreadPoolExecutor
 
         self.root, self.model_dir, self.plan, self.save_every = Path(run_dir) / "export", model_dir, plan, save_every
@@ -132,9 +134,9 @@ class RunExports:
         from rlflow.runtime.parameter_server import fetch_state
 
         state = fetch_state(published)  # the one whole copy of the weights, written out
-        info = {"pipeline": self.plan["name"], "step": step, "version": published.version,
+        info = {"pipeline": self.plan.name, "step": step, "version": published.version,
                 "checksum": published.checksum, "from": "published weights", "run_dir": str(self.root.parent)}
-        return write(state, self.model_dir, out, info=info, plan=self.plan)
+        return write(state, self.model_dir, out, info=info, plan=self.plan.raw)
 
     def step(self, step: int, published) -> bool:
         """Export `step`'s weights into export/step-<N>/ in the background when save_every says so."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.placement import check_cluster, embedded_resources
+from rlflow.plan_model import Plan
 from rlflow.runtime import reaper, run_lock, stop_signal
 
 RUNS_DIR = Path(".rlflow") / "runs"
@@ -52,10 +53,10 @@ def _import_in_background() -> threading.Thread:
     return t
 
 
-def _logical_cpus(plan: dict) -> int:
+def _logical_cpus(plan: Plan) -> int:
     # Actors mostly wait on each other; give Ray enough logical CPUs to place every actor and the
     # Ray Data tasks even on a 2-core machine (the real cores are shared, one thread per process).
-    return max(os.cpu_count() or 1, math.ceil(plan["resources"]["num_cpus"]) + 3)
+    return max(os.cpu_count() or 1, math.ceil(plan.resources.num_cpus) + 3)
 
 
 # ---------------------------------------------------------------------------------------------- run directories
@@ -65,9 +66,9 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(2)}"
 
 
-def new_run_dir(plan: dict, root: Path = RUNS_DIR) -> Path:
+def new_run_dir(plan: Plan, root: Path = RUNS_DIR) -> Path:
     """A fresh run directory for `plan`, with its run.json written (created atomically: never reused)."""
-    base = Path(root) / plan["name"]
+    base = Path(root) / plan.name
     base.mkdir(parents=True, exist_ok=True)
     while True:
         run_id = new_run_id()
@@ -76,7 +77,7 @@ def new_run_dir(plan: dict, root: Path = RUNS_DIR) -> Path:
             break
         except FileExistsError:
             continue
-    info = {"run_id": run_id, "pipeline": plan["name"], "source": plan["source"], "started": time.time(),
+    info = {"run_id": run_id, "pipeline": plan.name, "source": plan.source, "started": time.time(),
             "started_utc": datetime.now(UTC).isoformat(timespec="seconds")}
     (base / run_id / RUN_FILE).write_text(json.dumps(info, indent=2))
     return base / run_id
@@ -111,11 +112,11 @@ def list_runs(name: str, root: Path = RUNS_DIR) -> list[Path]:
     return sorted(runs, key=lambda d: (_started(d), d.name))
 
 
-def find_run(plan: dict, which: str, root: Path = RUNS_DIR, log=print) -> Path:
+def find_run(plan: Plan, which: str, root: Path = RUNS_DIR, log=print) -> Path:
     """The run directory `--resume [which]` means: LATEST (the newest run of this pipeline with a checkpoint),
     a run id of this pipeline, or a path to a run directory. PipelineInvalid (exit 2) with the way out when
     there is none."""
-    name, source = plan["name"], plan["source"]
+    name, source = plan.name, plan.source
     runs = list_runs(name, root)
     where = Path(root) / name
 
@@ -199,15 +200,15 @@ def user_modules(python_path: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- before Ray starts
-def preflight(plan: dict) -> None:
+def preflight(plan: Plan) -> None:
     """Inputs the plan names that may have changed since compile, checked before Ray starts: the model
     directory and the DeepSpeed config (PipelineInvalid, exit 2). The driver checks them again itself."""
     problems: list[Problem] = []
-    if not plan["pipeline"]["model"]["path"].startswith("builtin:"):
+    if not plan.model["path"].startswith("builtin:"):
         from rlflow.runtime.model import check_model_dir
 
         try:
-            check_model_dir(plan["pipeline"]["model"]["path"], source=plan["source"])
+            check_model_dir(plan.model["path"], source=plan.source)
         except PipelineInvalid as e:
             problems += e.problems
     from rlflow.runtime.train_sink import check_deepspeed_config
@@ -217,43 +218,46 @@ def preflight(plan: dict) -> None:
     except PipelineInvalid as e:
         problems += e.problems
     if problems:
-        raise PipelineInvalid(plan["source"], problems)
+        raise PipelineInvalid(plan.source, problems)
 
 
-def check_local_gpus(plan: dict) -> None:
+def check_local_gpus(plan: Plan) -> None:
     """Before an embedded cluster starts with the plan's GPUs: a plan compiled for GPUs this machine lacks (`rlflow
     compile --gpus N` elsewhere) would hand actors GPU ids that are not there. PipelineInvalid (exit 2) then."""
     from rlflow.devices import local_gpus
 
-    declared = plan["resources"]["cluster"]["num_gpus"]
-    want = max(declared if isinstance(declared, (int, float)) else 0, plan["resources"]["num_gpus"])
+    declared = plan.resources.cluster["num_gpus"]
+    want = max(declared if isinstance(declared, (int, float)) else 0, plan.resources.num_gpus)
     have = local_gpus()
     if want > have.gpus:
-        compiled = (plan.get("devices") or {}).get("counted_by", "resources.num_gpus")
-        raise PipelineInvalid(plan["source"], [Problem(
+        compiled = (plan.devices or {}).get("counted_by", "resources.num_gpus")
+        raise PipelineInvalid(plan.source, [Problem(
             ("resources", "num_gpus"), f"the plan was compiled for {want:g} GPU(s) ({compiled}), but this machine has "
             f"{have.gpus} ({have.counted_by})", "no-gpus" if have.gpus == 0 else "more-gpus-than-cluster",
-            f"compile it here (rlflow compile {plan['source']}, without --gpus), run it where it was compiled for, or "
+            f"compile it here (rlflow compile {plan.source}, without --gpus), run it where it was compiled for, or "
             "join a cluster that has them with --address")])
 
 
-def launch(plan: dict, *, resume: bool | str = False, address: str | None = None, log=print,
+def launch(plan: Plan | dict, *, resume: bool | str = False, address: str | None = None, log=print,
            root: Path = RUNS_DIR) -> dict:
     """Run the plan to completion (or Ctrl-C); returns the run summary. `resume`: False (a new run), True or
     LATEST (the newest run of this pipeline with a checkpoint), or a run id / run directory. The run directory is
-    this process's own (run_lock.py) until the run ends, however it ends."""
+    this process's own (run_lock.py) until the run ends, however it ends. `plan`: read_plan's, or a compiled
+    dict (compile_pipeline's), typed here once."""
     from rlflow.runtime.run_clock import RunClock
+
+    plan = Plan.of(plan)
 
     clock = RunClock()  # the start-up timeline counts from here (run_clock.py)
     stop_signal.grace_s()  # a bad RLFLOW_STOP_GRACE_S exits 2 now, not when SIGTERM comes
     run_dir = find_run(plan, LATEST if resume is True else resume, root, log=log) if resume else None
     with ExitStack() as owned:
         if run_dir is not None:  # before anything starts: a run in use is refused at no cost
-            owned.enter_context(run_lock.acquire(run_dir, source=plan["source"], log=log))
+            owned.enter_context(run_lock.acquire(run_dir, source=plan.source, log=log))
         return _launch(plan, clock, run_dir, owned, resume=resume, address=address, log=log, root=root)
 
 
-def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume, address, log, root) -> dict:
+def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume, address, log, root) -> dict:
     preflight(plan)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -272,7 +276,7 @@ def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume
     # is a lazy module, and a second thread using it half-imported fails with "cannot import name"
     importing = _import_in_background()
 
-    cluster = plan["resources"]["cluster"]
+    cluster = plan.resources.cluster
     address = address or cluster["address"]
     started = not ray.is_initialized()
     if started and not address:
@@ -281,12 +285,12 @@ def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **quiet}}
         # user modules the compiler found beside the pipeline or in the working dir, for every worker: on a
         # cluster uploaded through the runtime env (other nodes lack these paths), on this machine by path
-        dirs = plan.get("python_path", []) if not address else []
+        dirs = plan.python_path if not address else []
         path = os.pathsep.join(dirs + [p for p in [os.environ.get("PYTHONPATH")] if p])
         if path:
             env["env_vars"]["PYTHONPATH"] = path
         if address:
-            modules = user_modules(plan.get("python_path", []))
+            modules = user_modules(plan.python_path)
             if modules:
                 env["py_modules"] = modules
                 log(f"user code shipped to the cluster: {', '.join(Path(m).name for m in modules)}")
@@ -305,7 +309,7 @@ def _launch(plan: dict, clock, run_dir: Path | None, owned: ExitStack, *, resume
         check_cluster(plan, ray.nodes(), f"the Ray cluster at {address}" if address else "the embedded Ray cluster")
         out_dir = run_dir or new_run_dir(plan, root)
         if run_dir is None:  # a fresh directory has no checkpoint: no --resume can have taken it since its mkdir
-            owned.enter_context(run_lock.acquire(out_dir, source=plan["source"], log=log))
+            owned.enter_context(run_lock.acquire(out_dir, source=plan.source, log=log))
         log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
         run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log, clock=clock)
     except BaseException:

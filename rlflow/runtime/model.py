@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlflow import registry
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.plan_model import Plan
 
 #: single-file weights `from_pretrained` loads, and the index files of sharded ones
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "consolidated.safetensors")
@@ -61,14 +62,13 @@ def check_model_dir(path: str | Path, *, source: str) -> Path:
     return path
 
 
-def prepare_model(plan: dict, log=print) -> Path:
+def prepare_model(plan: Plan, log=print) -> Path:
     """Local Hugging Face directory for plan's model (builds and caches builtin:tiny-llama on first use,
     warm-started on the plan's built-in tasks; on `arith` when the data are files). A local directory is
     checked first (check_model_dir): PipelineInvalid naming model.path if it vanished or is not a model."""
-    spec = plan["pipeline"]["model"]
+    spec = plan.model
     if spec["path"].startswith("builtin:"):
-        sources = sorted({t["source"].removeprefix("builtin:") for t in plan["tasks"].values()
-                          if t["source"].startswith("builtin:")})
+        sources = sorted({t.source.removeprefix("builtin:") for t in plan.tasks.values() if t.source.startswith("builtin:")})
         build = registry.resolve("model", spec["path"])
-        return Path(build(task="+".join(sources) or "arith", seed=plan["pipeline"]["seed"], progress=log))
-    return check_model_dir(spec["path"], source=plan["source"])
+        return Path(build(task="+".join(sources) or "arith", seed=plan.pipeline["seed"], progress=log))
+    return check_model_dir(spec["path"], source=plan.source)

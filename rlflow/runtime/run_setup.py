@@ -41,12 +41,12 @@ def start(run) -> None:
     for d in reversed(plan.python_path):  # user reward/filter modules beside the pipeline
         if d not in sys.path:
             sys.path.insert(0, d)
-    check_sources(plan["tasks"], plan.source)  # a bad row in a file's head fails before any actor starts
+    check_sources(plan.tasks, plan.source)  # a bad row in a file's head fails before any actor starts
     model_dir = str(prepare_model(plan, log=run.log))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     max_new = plan.max_new_tokens()
     max_model_len = plan.model["max_model_len"]
-    check_prompt_lengths(plan["tasks"], tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
+    check_prompt_lengths(plan.tasks, tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
                          source=plan.source)  # an over-long prompt in a file's head, before any actor starts
     run.clock.mark("model")
     run.store = PayloadStore.options(num_cpus=plan.payload_store.num_cpus).remote()
@@ -60,7 +60,7 @@ def start(run) -> None:
         state = checkpoint.load(run.out_dir, run.sink, source=plan.source, log=run.log)  # falls back, saying so
         run.ledger_before = run.ledger.counts()
         resumed = run.ledger.resume(state["step"])
-    run.prompts = PromptSource(plan["tasks"], tokenizer, max_new_tokens=max_new,
+    run.prompts = PromptSource(plan.tasks, tokenizer, max_new_tokens=max_new,
                                max_model_len=max_model_len, seed=plan.pipeline["data"]["seed"],
                                source=plan.source, skip=resumed.drawn if resumed else None)
     run.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=run.store, buffer=run.buffer, prompts=run.prompts,
@@ -73,7 +73,7 @@ def start(run) -> None:
                    for op in plan.reward_operators()]
     run.model_dir = model_dir
     run.evals = Evaluations(plan, model_dir, tokenizer)  # held-out scoring on an actor of its own
-    run.exports = RunExports(run.out_dir, model_dir, plan.raw, plan.trainer.save_every)  # export/step-<N>/, and export/ at the end
+    run.exports = RunExports(run.out_dir, model_dir, plan, plan.trainer.save_every)  # export/step-<N>/, and export/ at the end
     if state:
         restore(run, state, resumed)
     starting = {"rollout": [r for f in run.fleets for r in f.ready_refs()], "trainer": [run.sink.actor.ready.remote()],

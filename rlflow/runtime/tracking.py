@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from rlflow.plan_model import Plan
+
 
 def _flatten(d, prefix=""):
     out = {}
@@ -48,27 +50,27 @@ STORE_LOCK_TIMEOUT_S = 120.0  # creating and migrating a fresh store takes a few
 class Tracker:
     """Thin wrapper so the driver logs through one object; metrics are buffered and sent with log_batch."""
 
-    def __init__(self, plan: dict, run_id: str | None = None):
+    def __init__(self, plan: Plan, run_id: str | None = None):
         import mlflow
 
         self.mlflow = mlflow
-        spec = plan["pipeline"]["tracking"]["mlflow"]
+        spec = plan.pipeline["tracking"]["mlflow"]
         uri = spec["uri"] or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         with store_lock(uri):  # the first use creates (or migrates) the store and the experiment
-            mlflow.set_experiment(spec["experiment"] or plan["name"])
+            mlflow.set_experiment(spec["experiment"] or plan.name)
         run = mlflow.start_run(run_id=run_id, run_name=spec["run_name"]) if run_id else mlflow.start_run(run_name=spec["run_name"])
         self.run_id = run.info.run_id
         self.client = mlflow.tracking.MlflowClient()
         self._pending = []
         if run_id is None:
-            params = {k: str(v)[:500] for k, v in _flatten(plan["pipeline"]).items()}
-            params["control.staleness"] = json.dumps(plan["control"]["staleness"])
+            params = {k: str(v)[:500] for k, v in _flatten(plan.pipeline).items()}
+            params["control.staleness"] = json.dumps(plan.staleness.model_dump(mode="json", exclude_unset=True))
             items = list(params.items())
             for i in range(0, len(items), 100):
                 mlflow.log_params(dict(items[i:i + 100]))
-            self.log_json("plan.json", plan)
+            self.log_json("plan.json", plan.raw)
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         import time

@@ -12,6 +12,7 @@ from rlflow import devices
 from rlflow.cli import main
 from rlflow.compiler import compile_pipeline, gpus_given
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 from rlflow.schema import Pipeline
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "pipelines" / "quickstart.yaml"
@@ -90,9 +91,9 @@ def test_the_local_count_is_the_default(monkeypatch):
 def test_run_refuses_a_plan_compiled_for_gpus_this_machine_lacks(monkeypatch):
     from rlflow.runtime.launch import check_local_gpus
 
-    plan = compile_pipeline(QUICKSTART, gpus=2)
+    plan = Plan.of(compile_pipeline(QUICKSTART, gpus=2))
     monkeypatch.setattr(devices, "_nvidia_gpus", lambda: (0, "no NVIDIA driver found"))
     with pytest.raises(PipelineInvalid) as e:
         check_local_gpus(plan)
     assert e.value.problems[0].rule == "no-gpus" and "compiled for 2 GPU(s) (--gpus 2)" in e.value.render()
-    check_local_gpus(compile_pipeline(QUICKSTART, gpus=0))  # a CPU plan runs anywhere
+    check_local_gpus(Plan.of(compile_pipeline(QUICKSTART, gpus=0)))  # a CPU plan runs anywhere

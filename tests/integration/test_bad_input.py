@@ -13,6 +13,7 @@ import runs
 from runs import REPO
 
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 
 pytestmark = pytest.mark.integration
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 128, "vocab_size": 384}
@@ -146,7 +147,7 @@ def test_two_runs_get_their_own_directories_and_resume_takes_the_newest(ray_clus
     said = []
     first = launch(plan, log=said.append)
     run_dir = Path(first["run_dir"])
-    other = new_run_dir(plan)  # a later run of the same pipeline, in the same working dir, not checkpointed yet
+    other = new_run_dir(Plan.of(plan))  # a later run of the same pipeline, in the same working dir, not checkpointed yet
     assert run_dir != other and run_dir.parent == other.parent == Path(".rlflow/runs/synchronous")
     assert f"run directory: {run_dir}" in said
     assert (run_dir / "state.json").is_file() and not (other / "state.json").exists()  # each its own state

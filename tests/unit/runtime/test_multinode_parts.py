@@ -11,6 +11,7 @@ import pytest
 from rlflow import placement
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 from rlflow.runtime import model_shipping
 from rlflow.runtime.launch import user_modules
 from rlflow.runtime.prompt_source import on_this_node
@@ -111,8 +112,8 @@ def test_a_path_passes_through(store):
     assert model_shipping.local_model_dir("/some/dir") == "/some/dir"
 
 
-def placed_plan(*overrides: str) -> dict:
-    return compile_pipeline(REPO / "pipelines" / "synchronous.yaml", list(overrides))
+def placed_plan(*overrides: str) -> Plan:
+    return Plan.of(compile_pipeline(REPO / "pipelines" / "synchronous.yaml", list(overrides)))
 
 
 def test_stage_resources_are_lowered_into_the_plan():

@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from rlflow.cli import main
+from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 from rlflow.runtime import launch, run_lock
 from rlflow.runtime.launch import LATEST, find_run, list_runs, new_run_dir, new_run_id
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
-PLAN = {"name": "quick", "source": "pipelines/quick.yaml"}
+# the compiled quickstart as pipeline 'quick' (what the run directories below are named after); no cluster address
+PLAN = Plan.of({**compile_pipeline(QUICKSTART), "name": "quick", "source": "pipelines/quick.yaml"})
 
 
 def checkpointed(run_dir: Path) -> Path:
@@ -125,7 +128,8 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     monkeypatch.setattr(launch, "check_cluster", lambda *a: None)  # no cluster to ask (tests/unit/test_multinode_parts.py)
     monkeypatch.setattr(ray, "nodes", lambda: [])
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as if joined: no cluster is started
-    plan = {**PLAN, "resources": {"cluster": {"address": None}}}
+    plan = PLAN
+    assert plan.resources.cluster["address"] is None
     said = []
     first = launch.launch(plan, log=said.append)
     assert made[-1] == (Path(first["run_dir"]), False) and Path(first["run_dir"]).parent == Path(".rlflow/runs/quick")

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from rlflow.cli import main
+from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 from rlflow.runtime.model import check_model_dir, prepare_model
 from rlflow.runtime.train_sink import check_deepspeed_config
 
@@ -69,15 +71,19 @@ def test_a_missing_shard_is_named(tmp_path):
         check_model_dir(d, source="p.yaml")
 
 
-def test_prepare_model_checks_a_local_directory(tmp_path):
-    plan = {"source": "p.yaml", "pipeline": {"model": {"path": str(tmp_path / "gone")}}, "tasks": {}}
+def test_prepare_model_checks_a_local_directory(tmp_path, quickstart_plan):
+    quickstart_plan["pipeline"]["model"]["path"] = str(tmp_path / "gone")
     with pytest.raises(PipelineInvalid) as e:
-        prepare_model(plan)
+        prepare_model(Plan.of(quickstart_plan))
     assert problem_of(e).render().startswith("model.path: model directory ")
 
 
-def trainer_plan(path) -> dict:
-    return {"source": "p.yaml", "actors": [{"role": "trainer", "stage": "learn", "deepspeed": str(path)}]}
+def trainer_plan(path) -> Plan:
+    """The compiled quickstart from p.yaml, its train stage called 'learn', reading the DeepSpeed config at `path`."""
+    raw = compile_pipeline(QUICKSTART)
+    trainer = next(a for a in raw["actors"] if a["role"] == "trainer")
+    trainer["stage"], trainer["deepspeed"] = "learn", str(path)
+    return Plan.of({**raw, "source": "p.yaml"})
 
 
 def test_deepspeed_config_is_read_and_returned(tmp_path):

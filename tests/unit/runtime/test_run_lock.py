@@ -119,9 +119,12 @@ TRACK = """
 import sys, time
 from pathlib import Path
 import mlflow
+from rlflow.compiler import compile_pipeline
+from rlflow.plan_model import Plan
 from rlflow.runtime.tracking import Tracker
-plan = {"name": "race", "pipeline": {"tracking": {"mlflow": {"uri": None, "experiment": None, "run_name": None}}},
-        "control": {"staleness": {"kind": "sync"}}}
+raw = compile_pipeline(sys.argv[2])  # the quickstart, as pipeline 'race' with MLflow's defaults
+raw["name"], raw["pipeline"]["tracking"]["mlflow"] = "race", {"uri": None, "experiment": None, "run_name": None}
+plan = Plan.of(raw)
 print("ready", flush=True)
 go = Path(sys.argv[1])
 while not go.exists():  # both processes past their imports, then at once
@@ -138,8 +141,9 @@ def test_two_runs_creating_one_mlflow_store_both_succeed(tmp_path):
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    procs = [subprocess.Popen([sys.executable, "-c", TRACK, str(go)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    quickstart = str(REPO / "pipelines" / "quickstart.yaml")
+    procs = [subprocess.Popen([sys.executable, "-c", TRACK, str(go), quickstart], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     try:
         for p in procs:  # each prints "ready" once imported (or ends: EOF)
             assert p.stdout.readline().strip() == "ready", f"a tracker process ended early (exit {p.poll()})"

@@ -9,6 +9,7 @@ import pytest
 
 from rlflow.cli import main
 from rlflow.compiler import compile_pipeline, write_plan
+from rlflow.plan_model import Plan
 from rlflow.runtime.launch import new_run_dir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -44,8 +45,8 @@ def test_a_stage_that_is_not_elastic_says_how_to_make_it_so(tmp_path, monkeypatc
 
 
 def test_request_goes_to_the_newest_run_and_wait_times_out_saying_so(elastic_plan, capsys):
-    old = new_run_dir(elastic_plan)
-    new = new_run_dir(elastic_plan)
+    old = new_run_dir(Plan.of(elastic_plan))
+    new = new_run_dir(Plan.of(elastic_plan))
     assert main(["scale", "rollout", "2"]) == 0
     assert json.loads((new / "scale" / "rollout.json").read_text())["instances"] == 2
     assert not (old / "scale").exists()
