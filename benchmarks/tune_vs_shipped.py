@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
+from rlflow.plan_model import Plan
 from rlflow.plan_read import rollout_order, rollout_stages
 from rlflow.sim.from_plan import not_simulable
 from rlflow.tune import Candidate, knob_name, simulate_point, tune
@@ -43,7 +44,7 @@ def staleflow_lengths(path: Path) -> list[str]:
     shape: a long-tailed stage gets StaleFlow's; a stage without a tail gets fixed lengths a quarter as long (1,024,
     cap 2,048), as mixed.yaml's sums (3 tokens) are a quarter of its repeats (12)."""
     sets = list(STALEFLOW_LENGTHS)
-    for name, own in (compile_pipeline(path)["pipeline"]["workload"].get("stages") or {}).items():
+    for name, own in (Plan.of(compile_pipeline(path)).pipeline["workload"].get("stages") or {}).items():
         if own.get("tailness"):
             sets += [f"workload.stages.{name}.{k}" for k in ("mean_length=4096", "tailness=60", "length_cap=20480")]
         else:
@@ -54,21 +55,21 @@ def staleflow_lengths(path: Path) -> list[str]:
 def scale_overrides(path: Path, batch: int = 128) -> list[str]:
     """B = `batch` groups x 16, up to 256 running per instance, on every rollout stage of the pipeline; a queue's
     capacity keeps its q = capacity / batch."""
-    plan = compile_pipeline(path)
-    stages = plan["pipeline"]["stages"]
+    plan = Plan.of(compile_pipeline(path))
+    stages = plan.pipeline["stages"]
     sets = [f"stages.{name}.batch_groups={batch}" for name, s in stages.items() if s["kind"] == "buffer"]
-    control = plan["control"]["staleness"]
-    if control["capacity"] is not None:
-        edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if "capacity" in e["policy"])
-        sets.append(f"edges.{edge}.policy.capacity={control['capacity'] * batch // control['batch_size']}")
+    control = plan.staleness
+    if control.capacity is not None:
+        edge = next(i for i, e in enumerate(plan.pipeline["edges"]) if "capacity" in e["policy"])
+        sets.append(f"edges.{edge}.policy.capacity={control.capacity * batch // control.batch_size}")
     for name in rollout_stages(plan):
         sets += [f"stages.{name}.group_size=16", f"stages.{name}.max_running=256"]
     return sets
 
 
-def resimulate(plan: dict, c: Candidate, *, steps: int, seed: int) -> float:
+def resimulate(plan: Plan, c: Candidate, *, steps: int, seed: int) -> float:
     """Trained tokens/s of candidate `c` with another seed."""
-    name = knob_name(plan["control"]["staleness"]["kind"])
+    name = knob_name(plan.staleness.kind)
     instances = dict(zip(rollout_order(plan), c.stages)) if c.stages else c.instances  # the order tune uses
     return simulate_point(plan, name, c.knob, instances, PROFILE, c.train_tokens_per_s, steps, seed)["tokens_per_s"]
 
@@ -114,7 +115,8 @@ def main() -> None:
     for name in names:
         path = ROOT / "pipelines" / f"{name}.yaml"
         try:
-            plan = compile_pipeline(path, scale_overrides(path, args.batch) + (staleflow_lengths(path) if args.workload == "staleflow" else []))
+            plan = Plan.of(compile_pipeline(path, scale_overrides(path, args.batch)
+                                            + (staleflow_lengths(path) if args.workload == "staleflow" else [])))
         except PipelineInvalid as e:  # e.g. smollm2 without its extra installed
             skipped.append(f"| {name} | does not compile here: {e.problems[0].message} |")
             print(skipped[-1], flush=True)
@@ -124,7 +126,7 @@ def main() -> None:
             skipped.append(f"| {name} | {why} |")
             print(skipped[-1], flush=True)
             continue
-        kind = plan["control"]["staleness"]["kind"]
+        kind = plan.staleness.kind
         knob = knob_name(kind)
         for gpus in budgets:
             if (name, gpus) in measured:

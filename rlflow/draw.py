@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from html import escape
 
+from rlflow.plan_model import Plan
+
 COLORS = {"data": "#e8e8e8", "rollout": "#cfe2ff", "reward": "#d1f0d1", "buffer": "#fff0c2", "train": "#f8d0d0"}
 W, H, GAP_X, GAP_Y = 130, 46, 80, 40
 
@@ -19,17 +21,16 @@ def _policy_label(policy: dict) -> str:
     return f"{kind}({shown})" if shown else kind
 
 
-def render_svg(plan: dict) -> str:
-    """SVG text for plan["graph"]."""
-    nodes = plan["graph"]["nodes"]
-    edges = plan["graph"]["edges"]
+def render_svg(plan: Plan) -> str:
+    """SVG text for plan.graph."""
+    nodes, edges = plan.graph.nodes, plan.graph.edges
     depth: dict[str, int] = {n["name"]: 0 for n in nodes}
-    for name in plan["graph"]["order"]:  # topological: parents first
+    for name in plan.graph.order:  # topological: parents first
         for e in edges:
             if not e["back"] and e["from"] == name and e["to"] in depth:
                 depth[e["to"]] = max(depth[e["to"]], depth[name] + 1)
     columns: dict[int, list[str]] = {}
-    for n in plan["graph"]["order"]:
+    for n in plan.graph.order:
         columns.setdefault(depth[n], []).append(n)
     pos = {}
     for d, names in columns.items():
@@ -40,7 +41,7 @@ def render_svg(plan: dict) -> str:
     kinds = {n["name"]: n["kind"] for n in nodes}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
            '<defs><marker id="a" markerWidth="8" markerHeight="8" refX="8" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z"/></marker></defs>',
-           f'<text x="20" y="22" font-size="14" font-weight="bold">{escape(plan["name"])}</text>']
+           f'<text x="20" y="22" font-size="14" font-weight="bold">{escape(plan.name)}</text>']
     for e in edges:
         if e["from"] not in pos or e["to"] not in pos:
             continue

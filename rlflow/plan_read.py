@@ -11,17 +11,18 @@ from pathlib import Path
 
 from rlflow.operators.coordinator import CoordinationConfig
 from rlflow.operators.cost_profile import CostProfile, ProfileError
+from rlflow.plan_model import Plan
 
 
-def rollout_stages(plan: dict) -> list[str]:
+def rollout_stages(plan: Plan | dict) -> list[str]:
     """The plan's rollout stages, in pipeline order."""
-    return [n for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "rollout"]
+    return [n for n, s in Plan.of(plan).pipeline["stages"].items() if s["kind"] == "rollout"]
 
 
-def rollout_order(plan: dict) -> list[str]:
+def rollout_order(plan: Plan | dict) -> list[str]:
     """The plan's rollout stages in graph order: the order `rlflow run` creates and serves their fleets, and the
     simulator its fleets (it may differ from rollout_stages' pipeline order)."""
-    return [n["name"] for n in plan["graph"]["nodes"] if n["kind"] == "rollout"]
+    return Plan.of(plan).rollout_stages()
 
 
 def stage_length_law(workload: dict, name: str, max_new_tokens: int) -> tuple[float, float, int, float]:
@@ -67,9 +68,10 @@ class PlanCoordination:
                                   phi_throughput=self.phi_throughput)
 
 
-def stage_coordination(plan: dict, stage: str) -> PlanCoordination:
+def stage_coordination(plan: Plan | dict, stage: str) -> PlanCoordination:
     """The coordination block of rollout stage `stage`, with the defaults the executors share."""
-    blocks = plan["control"]["coordination"]
+    plan = Plan.of(plan)
+    blocks = plan.control.coordination
     if stage not in blocks:
         raise ValueError(f"plan has no rollout stage {stage!r}; its rollout stages: {', '.join(rollout_stages(plan))}")
     coord = blocks[stage]

@@ -54,6 +54,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlflow.plan_model import Plan, Staleness
+
 QUEUE_KINDS = ("queue_drop", "queue_max")
 FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
 CONTENDERS = 3  # the fastest points re-simulated with more seeds, beside the plan's own setting
@@ -102,16 +104,16 @@ def knob_name(kind: str) -> str | None:
     return None if kind in FIXED_KINDS else "capacity" if kind in QUEUE_KINDS else "eta"
 
 
-def knob_values(control: dict, batch: int | None = None) -> list[int | None]:
+def knob_values(control: Staleness, batch: int | None = None) -> list[int | None]:
     """The plan's own setting and its neighbours worth simulating (queue capacities: multiples of `batch`, by
     default the plan's batch)."""
-    name = knob_name(control["kind"])
+    name = knob_name(control.kind)
     if name is None:
         return [None]
     if name == "capacity":
-        b = batch or control["batch_size"]
-        return sorted({control["capacity"], b, 2 * b, 4 * b})
-    return sorted({control["eta"], 1, 2, 3, 4})
+        b = batch or control.batch_size
+        return sorted({control.capacity, b, 2 * b, 4 * b})
+    return sorted({control.eta, 1, 2, 3, 4})
 
 
 def gpus_per_instance(profile_path: str | None, given: int | None, notes: list[str]) -> int:
@@ -125,7 +127,7 @@ def gpus_per_instance(profile_path: str | None, given: int | None, notes: list[s
     return 1
 
 
-def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, per_instance: int | None = None,
+def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None = None, per_instance: int | None = None,
          train_tokens_per_gpu: float | None = None, seed: int = 0, seeds: int = 2, screen_steps: int | None = None,
          jobs: int = 1, batch_sizes: list[int] | None = None, progress=print) -> tuple[list[Candidate], list[str]]:
     """Every candidate (pruned ones without a screen), and the notes on what was assumed. The search screens with
@@ -142,13 +144,14 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
         stage_lengths,
     )
 
+    plan = Plan.of(plan)
     why = not_simulable(plan)
     if why:
         raise ValueError(f"{why} [{ONE_STAGE_RULE}]")
     notes: list[str] = []
     rollouts = plan_rollouts(plan)  # several: instances are split between the stages too (_divide, shift rounds)
     names = [n for n, _ in rollouts]
-    control = plan["control"]["staleness"]
+    control = plan.staleness
     profile = profile or next(iter(plan_profiles(plan)), None)
     prof = profile_or_default(profile, notes)
     notes += share_notes(plan)
@@ -156,7 +159,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     if gpus < len(rollouts) * g + 1:
         raise TuneArgError("--gpus", f"{gpus} GPUs cannot hold one rollout instance ({g} GPUs) per rollout stage "
                                      f"({len(rollouts)}) and a trainer GPU")
-    w = plan["pipeline"]["workload"]
+    w = plan.pipeline["workload"]
     lengths = [stage_lengths(w, name, rollout) for name, rollout in rollouts]
     replicas = [rollout["replicas"] for _, rollout in rollouts]
 
@@ -167,7 +170,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     def v_r(stages: tuple[int, ...], batch: int) -> float:
         return sum(k * full_instance(batch, i) for i, k in enumerate(stages))
 
-    own_batch = control["batch_size"]
+    own_batch = control.batch_size
     batches = sorted({own_batch, *(batch_sizes or [])})
     if min(batches) < 1:
         raise TuneArgError("--batch-sizes", f"a batch is at least 1 group, got {min(batches)}")
@@ -195,7 +198,7 @@ def tune(plan: dict, *, gpus: int, steps: int = 30, profile: str | None = None, 
     for r, _ in splits:
         for b in batches:
             candidates.extend(make(r // g, b, knob) for knob in knob_values(control, b))
-    name = knob_name(control["kind"])
+    name = knob_name(control.kind)
     screen = min(steps, screen_steps or max(5, steps // 3))
 
     same: dict[tuple, list[tuple[int, dict]]] = {}  # queue runs by point: (peak queued, result), see _reuse
@@ -379,19 +382,19 @@ def too_loose(c: Candidate, shipped: Candidate, name: str | None) -> bool:
             and c.rollout_gpus != shipped.rollout_gpus)
 
 
-def simulate_point(plan: dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
+def simulate_point(plan: Plan | dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
                     steps: int, seed: int, batch: int | None = None) -> dict:
     """One candidate simulated (a module-level function, so worker processes can run it)."""
     from rlflow.sim import simulate
     from rlflow.sim.from_plan import sim_config
     from rlflow.sim.loop import build_policy
 
-    p = copy.deepcopy(plan)
+    p = copy.deepcopy(Plan.of(plan).raw)  # the plan as written, with this point's knob and batch written in
     if name:
         p["control"]["staleness"][name] = knob
     if batch is not None:
         p["control"]["staleness"]["batch_size"] = batch
-    config, _ = sim_config(p, steps=steps, mode="cost_model", instances=instances, profile=profile,
+    config, _ = sim_config(Plan.of(p), steps=steps, mode="cost_model", instances=instances, profile=profile,
                            train_tokens_per_s=train_tokens_per_s, seed=seed)
     policy = build_policy(config)  # ours, to read its peak queue after the run
     r = simulate(config, policy)
@@ -437,9 +440,9 @@ def _aggregate(runs: list[dict]) -> dict:
     return out
 
 
-def _own(control: dict) -> int | None:
-    name = knob_name(control["kind"])
-    return control[name] if name else None
+def _own(control: Staleness) -> int | None:
+    name = knob_name(control.kind)
+    return getattr(control, name) if name else None
 
 
 def _dominates(a: Candidate, b: Candidate) -> bool:

@@ -3,6 +3,7 @@ apply it, and the table of what was simulated. The search itself is rlflow/tune.
 
 from __future__ import annotations
 
+from rlflow.plan_model import Plan
 from rlflow.tune import Candidate, eligible, knob_name, too_loose
 
 
@@ -22,19 +23,20 @@ def choose(candidates: list[Candidate]) -> Candidate:
     return min(tied, key=lambda c: (c.result["mean_staleness"], not c.shipped, abs(c.rollout_gpus - total / 2)))
 
 
-def overrides(plan: dict, c: Candidate) -> list[str]:
+def overrides(plan: Plan | dict, c: Candidate) -> list[str]:
     """The chosen point as `--set` overrides of the plan's pipeline."""
     from rlflow.sim.from_plan import plan_rollouts
 
+    plan = Plan.of(plan)
     rollouts = [n for n, _ in plan_rollouts(plan)]
     out = [f"stages.{n}.replicas={k}" for n, k in zip(rollouts, c.stages or [c.instances])]
-    knob = knob_name(plan["control"]["staleness"]["kind"])
+    knob = knob_name(plan.staleness.kind)
     if knob:
         # the edge that carries the staleness knob (not e.g. a skew-aware dispatch edge out of the data source)
-        edge = next(i for i, e in enumerate(plan["pipeline"]["edges"]) if knob in e["policy"])
+        edge = next(i for i, e in enumerate(plan.pipeline["edges"]) if knob in e["policy"])
         out.append(f"edges.{edge}.policy.{knob}={c.knob}")
     if c.batch is not None:
-        buffer = next(n for n, s in plan["pipeline"]["stages"].items() if s["kind"] == "buffer")
+        buffer = next(n for n, s in plan.pipeline["stages"].items() if s["kind"] == "buffer")
         out.append(f"stages.{buffer}.batch_groups={c.batch}")
     return out
 
