@@ -2,8 +2,9 @@
 
 Same JSON on disk: `Plan.model_validate(d).model_dump(mode="json", exclude_unset=True)` is `d`, key for key and in
 order (the fields are declared in the order rlflow/plan.py writes them; what a part does not name rides along as
-an extra). `rlflow run` and the simulator read it; `Plan.of` wraps a dict once at their entry points, and keeps
-the dict (`plan.raw`, `plan["..."]`) for code that still reads it by key. Light on purpose: pydantic only.
+an extra). `read_plan` (rlflow/compiler.py) returns one; `Plan.of` types a freshly compiled dict once where it
+enters (`launch`, the simulator, `tune`), and keeps the dict (`plan.raw`: what an export or MLflow copies as written;
+`plan["..."]` for code that still reads it by key). Light on purpose: pydantic only.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.cli import main
-from rlflow.compiler import compile_pipeline
+from rlflow.compiler import compile_pipeline, read_plan
 from rlflow.errors import PipelineInvalid
 from rlflow.plan_model import Plan, PlanOutdated
 
@@ -86,3 +86,11 @@ def test_run_refuses_a_plan_with_the_old_trajectory_server_role(tmp_path, capsys
     err = capsys.readouterr().err
     assert "[plan-outdated]" in err and "re-run `rlflow compile`" in err and "'trajectory_server'" in err
     assert "Traceback" not in err
+
+
+def test_read_plan_returns_the_typed_plan_keeping_the_json(tmp_path):
+    text = _plan(REPO / "pipelines" / "quickstart.yaml", [])
+    (tmp_path / "plan.json").write_text(text)
+    plan = read_plan(tmp_path / "plan.json")
+    assert isinstance(plan, Plan) and plan.raw == json.loads(text)
+    assert plan.payload_store.name == "payload-store" and plan.trainer.stage == "train"
