@@ -1,4 +1,4 @@
-"""Recall of the longest 20% for StreamRL's length ranker (streamrl.txt §5.2, §7.2), on real completions.
+"""Recall of the longest 20% for StreamRL's length ranker (StreamRL §5.2, §7.2), on real completions.
 
     python benchmarks/bench_ranker.py [--task repeat] [--batches 8] [--batch-size 256]
 

@@ -2,7 +2,7 @@
 
 python benchmarks/prompt_share.py    # writes benchmarks/results/prompt_share.md
 
-StreamRL's length ranker rests on prompts having a difficulty (streamrl.txt §5.1: "difficulty is a property inherent
+StreamRL's length ranker rests on prompts having a difficulty (StreamRL §5.1: "difficulty is a property inherent
 to the prompts"); its evaluation (§7) generates every sample of a prompt to that prompt's ground-truth length, a
 prompt share of 1. With share 0 a group's lengths are independent draws and no prompt ranker has anything to find.
 Each row is the ablation's workload (benchmarks/ablation.py: Table 4 profile, B = 128 x 16, lognormal lengths mean

@@ -73,7 +73,7 @@ def main() -> None:
 
 `python benchmarks/sim_validation.py --steps {args.steps} --warmup {args.warmup} --seeds {args.seeds}` ({wall:.0f} s).
 
-Slots mode (staleness-model.md's simulator): C slots at s_R tokens/s, queue-drop with capacity Q = q*B
+Slots mode (the simulator of "Predicting and Controlling Staleness in Fully Asynchronous RL Training"): C slots at s_R tokens/s, queue-drop with capacity Q = q*B
 (drop oldest on overflow, train the G oldest), G = 16 groups x S = 8 samples (B = 128), lognormal
 lengths (E[L] = 1000 before a cap of 8 E[L]), t_step chosen so that rho = C s_R / (B E[L] / t_step).
 Mean staleness over the steps after {args.warmup} warm-up steps, {args.seeds} seed(s) per cell.

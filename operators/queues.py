@@ -1,7 +1,7 @@
 """The simpler staleness policies: a queue of completed groups between reward and train.
 
 unbounded (Laminar), one_step (verl one-step-off-policy), in_flight_limit (AReaL / VeRL-async),
-queue_drop and queue_max (staleness-model.md). Where admission alone does not bound staleness
+queue_drop and queue_max (docs/concepts/staleness.md). Where admission alone does not bound staleness
 (out-of-order completion, older V_traj), groups that would exceed eta are evicted as dropped.
 """
 

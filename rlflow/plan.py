@@ -45,7 +45,7 @@ def staleness_control(spec: Pipeline) -> dict:
 
 
 def predict(spec: Pipeline, control: dict) -> dict:
-    """Closed-form mean staleness (staleness-model.md) when the pipeline gives its inputs."""
+    """Closed-form mean staleness (docs/concepts/staleness.md) when the pipeline gives its inputs."""
     w = spec.workload
     if control["kind"] != "queue_drop":
         return {"available": False, "reason": f"the closed form models queue-drop; this plan uses {control['kind']}"}

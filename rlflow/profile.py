@@ -95,10 +95,10 @@ def measure_engine(engine, prompt_ids: list[int], batch_sizes=(1, 2, 4, 8, 16, 3
                 # Time between snapshots, not inside step(): an engine that generates in the background
                 # (vllm) also decodes between calls, and the snapshots bracket exactly the tokens counted.
                 dt, t_before = t_after - t_before, t_after
-                same = set(after["run_trajs"]) == set(before["run_trajs"]) and not before["wait_trajs"]
-                decoded = (after["kv_cache"] - before["kv_cache"]) / max(len(before["run_trajs"]), 1)
+                same = set(after.run_trajs) == set(before.run_trajs) and not before.wait_trajs
+                decoded = (after.kv_cache - before.kv_cache) / max(len(before.run_trajs), 1)
                 if not finished and same and decoded > 0:
-                    samples.append(Sample(before["kv_cache"], len(before["run_trajs"]), dt / decoded))
+                    samples.append(Sample(before.kv_cache, len(before.run_trajs), dt / decoded))
                 before = after
         log(f"profile: batch {n}: {sum(1 for s in samples if s.running == n)} clean steps")
     return samples

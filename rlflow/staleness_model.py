@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-# staleness-model.md, "The discrete-event simulator": sigma = 1.3 * tailness / 100.
+# "Predicting and Controlling Staleness in Fully Asynchronous RL Training", "The discrete-event simulator": sigma = 1.3 * tailness / 100.
 SIGMA_PER_TAILNESS = 1.3 / 100
 
 
@@ -95,7 +95,7 @@ class StalenessPrediction:
 def predict_mean_staleness(
     *, rho: float, concurrency: int, batch: int, tail: float, queue_factor: float = 1.0
 ) -> StalenessPrediction:
-    """Mean staleness of queue-drop (staleness-model.md, "Total").
+    """Mean staleness of queue-drop ("Predicting and Controlling Staleness in Fully Asynchronous RL Training", "Total"; docs/concepts/staleness.md).
 
     rho = v_R / v_T; concurrency C and batch B in samples; tail = M_tail; queue_factor q = Q / B >= 1.
     """

@@ -25,11 +25,38 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlflow.stages.trajectory import Trajectory
 
 FINISH_REASONS = ("stop", "length", "abort", "interrupt")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What an instance holds between two steps (StaleFlow §5.2, Figure 11: the coordinator's view of it):
+    `RolloutEngine.snapshot` -> rollout_worker -> the rollout fleet and its coordinator, inside a StepReport."""
+
+    instance: int
+    version: int  # the weights version it generates from
+    kv_cache: int  # KV tokens of the running trajectories
+    run_trajs: list[str]  # traj ids generating
+    wait_trajs: list[str]  # traj ids routed here, not started
+    complete_trajs: int  # trajectories it completed so far
+    max_running: int  # how many it runs at once
+    env_trajs: list[str] = field(default_factory=list)  # multi-turn: between turns, on their environment (the worker's)
+    scheduler: dict[str, float] | None = None  # vLLM's own view: running, waiting, kv_cache_usage (fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsLoaded:
+    """An engine's report of a weights load: `RolloutEngine.load_weights` -> the driver, which checks it
+    (parameter_server.verify_loaded) against what was published."""
+
+    version: int
+    checksum: str  # stages/checksum.py over the tensors as the engine holds them (or as handed over, see vLLM's)
+    missing: list[str] = field(default_factory=list)  # parameters the engine knows it did not load
 
 
 def cut_at_stop(text: str, stop) -> tuple[str, bool]:
@@ -126,17 +153,17 @@ class RolloutEngine(abc.ABC):
         """Drop a trajectory and free its slot; False if it was not here."""
 
     @abc.abstractmethod
-    def load_weights(self, state: Mapping[str, Any] | Iterable[Mapping[str, Any]], version: int) -> dict:
+    def load_weights(self, state: Mapping[str, Any] | Iterable[Mapping[str, Any]], version: int) -> WeightsLoaded:
         """Pull new weights in place: name -> numpy array or torch tensor, or an iterable of such buckets
         (`weight_buckets`; each bucket's tensors may be read-only views valid only until the next bucket is
-        asked for, so copy them as they come); later tokens come from `version`. Returns what was loaded,
-        {"version": int, "checksum": str}: the checksum (stages/checksum.py) over the same names, computed from the engine's own copy read back after
+        asked for, so copy them as they come); later tokens come from `version`. Returns what was loaded
+        (WeightsLoaded): the checksum (stages/checksum.py) over the same names, computed from the engine's own copy read back after
         the load wherever the engine can, so the driver catches a tensor skipped or corrupted on the way. An
-        engine that can only check names adds "missing": parameters it knows were not loaded."""
+        engine that can only check names reports in `missing` the parameters it knows were not loaded."""
 
     @abc.abstractmethod
-    def snapshot(self) -> dict:
-        """The coordinator's view: instance, version, kv_cache, run_trajs, wait_trajs, complete_trajs, max_running."""
+    def snapshot(self) -> EngineSnapshot:
+        """The coordinator's view of this instance."""
 
     def check_fits(self, traj: Trajectory) -> None:
         """Raise ValueError unless the prompt plus max_new_tokens fits in max_model_len."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlflow.stages.checksum import Checksum
-from rlflow.stages.engine import RolloutEngine, weight_buckets
+from rlflow.stages.engine import EngineSnapshot, RolloutEngine, WeightsLoaded, weight_buckets
 from rlflow.stages.trajectory import Trajectory
 from rlflow.stages.weight_buckets import as_tensor
 
@@ -282,7 +282,7 @@ class HFEngine(RolloutEngine):
         self._version = version
         self._unfilled = self._batch + self._unfilled  # the cached KV came from the old weights
         self._batch, self._cache, self._mask = [], None, None
-        return {"version": self._version, "checksum": loaded}
+        return WeightsLoaded(self._version, loaded)
 
     @staticmethod
     def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
@@ -294,17 +294,11 @@ class HFEngine(RolloutEngine):
     def idle(self) -> bool:
         return not (self._waiting or self._batch or self._unfilled)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> EngineSnapshot:
         running = self._batch + self._unfilled
-        return {
-            "instance": self.instance_id,
-            "version": self._version,
-            "kv_cache": sum(r.length for r in running),
-            "run_trajs": [r.traj.traj_id for r in running],
-            "wait_trajs": list(self._waiting),
-            "complete_trajs": self._complete,
-            "max_running": self.max_running,
-        }
+        return EngineSnapshot(instance=self.instance_id, version=self._version, kv_cache=sum(r.length for r in running),
+                              run_trajs=[r.traj.traj_id for r in running], wait_trajs=list(self._waiting),
+                              complete_trajs=self._complete, max_running=self.max_running)
 
     # -- helpers -------------------------------------------------------------------------------
 

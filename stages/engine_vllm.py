@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from rlflow.stages.checksum import Checksum
-from rlflow.stages.engine import EngineDied, RolloutEngine, weight_buckets
+from rlflow.stages.engine import EngineDied, EngineSnapshot, RolloutEngine, WeightsLoaded, weight_buckets
 from rlflow.stages.trajectory import Trajectory
 
 _TIED_SOURCE = "model.embed_tokens.weight"  # what a tied lm_head (absent from the checkpoint) is in Llama-style models
@@ -385,9 +385,8 @@ class VLLMEngine(RolloutEngine):
         # lm_head stands in as the embedding vLLM actually uses, so a sent lm_head that differs fails the check.
         for name, t in extras.items():
             total.add(name, embed if embed is not None else t)
-        loaded = {"version": version, "checksum": total.hexdigest()}
-        if report["missing"]:  # the driver fails the run on it (parameter_server.verify_loaded)
-            loaded["missing"] = report["missing"]
+        # a parameter missing fails the run in the driver (parameter_server.verify_loaded)
+        loaded = WeightsLoaded(version, total.hexdigest(), list(report["missing"]))
         self._version = version
         for req in self._requests.values():
             # V_traj stays the version stamped at start(), even for a request with no token received yet:
@@ -414,19 +413,15 @@ class VLLMEngine(RolloutEngine):
     def idle(self) -> bool:
         return not self._requests and not self._finished
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> EngineSnapshot:
         reqs = list(self._requests.values())
         running = [r for r in reqs if r.started]
-        return {
-            "instance": self.instance_id,
-            "version": self._version,
-            "kv_cache": sum(len(r.traj.prompt_ids) + len(r.traj.completion_ids) for r in running),
-            "run_trajs": [r.traj.traj_id for r in running],
-            "wait_trajs": [r.traj.traj_id for r in reqs if not r.started],
-            "complete_trajs": self._complete,
-            "max_running": self.max_running,
-            "scheduler": dict(self._stats),  # vLLM's own view: running, waiting, kv_cache_usage (fraction)
-        }
+        return EngineSnapshot(
+            instance=self.instance_id, version=self._version,
+            kv_cache=sum(len(r.traj.prompt_ids) + len(r.traj.completion_ids) for r in running),
+            run_trajs=[r.traj.traj_id for r in running], wait_trajs=[r.traj.traj_id for r in reqs if not r.started],
+            complete_trajs=self._complete, max_running=self.max_running,
+            scheduler=dict(self._stats))  # vLLM's own view: running, waiting, kv_cache_usage (fraction)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -53,6 +53,11 @@ class Trajectory:
     def traj_id(self) -> str:
         return member_id(self.group_id, self.index)
 
+    def version_span(self) -> tuple[int, int]:
+        """(v_min, v_max): its V_traj and every version that produced a segment (partial rollout)."""
+        versions = [self.version, *self.versions_seen]
+        return min(versions), max(versions)
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -31,6 +31,7 @@ from rlflow.runtime.fault_points import ENV, POINTS  # noqa: E402
 from rlflow.runtime.ledger import Ledger  # noqa: E402
 from rlflow.runtime.messages import Prompt  # noqa: E402
 from rlflow.stages.trainer import DeepSpeedTrainer  # noqa: E402
+from rlflow.stages.trajectory import Trajectory  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ZERO1 = str(REPO / "configs" / "deepspeed" / "zero1.json")
@@ -71,7 +72,8 @@ class MiniRun:
             self.ledger.drawn(gid, Prompt(task="t", n=step - 1, prompt=f"prompt {step}"))
             self.ledger.state(gid, "generated", v_traj=step - 1)
             self.ledger.finished(f"{gid}/0", gid, step - 1, 5)
-            self.ledger.buffered(gid, [{"group_id": gid, "index": 0, "version": step - 1}], {f"{gid}/0": 1.0})
+            self.ledger.buffered(gid, [Trajectory(group_id=gid, index=0, prompt="p", answer="a", prompt_ids=[1],
+                                                 version=step - 1)], {f"{gid}/0": 1.0})
         self.ledger.trained(step, {gid: 0}, [f"{gid}/0"])
         self.tr.train_step(make_batch(self.initial, seed=step), GROUP)
         self.step = step

@@ -1,4 +1,4 @@
-"""Shared test setup: unit tests must not start Ray (ARCHITECTURE.md tests/unit rule)."""
+"""Shared test setup: unit tests must not start Ray (docs/internals/testing.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The buffer stage: where a rewarded group waits to be trained (ARCHITECTURE.md §4, staleness manager).
+"""The buffer stage: where a rewarded group waits to be trained (docs/internals/architecture.md, the staleness manager).
 
 One staleness policy (operators/, chosen by the plan's `control.staleness`) serves every rollout fleet:
 a fleet asks `verify` / `reserve` when it routes a group's first member (StaleFlow Algorithm 2), tells
@@ -89,9 +89,9 @@ class Buffer:
         except ray.exceptions.RayActorError as err:
             raise RunFailed(f"the payload store died ({type(err).__name__}); rlflow run --resume continues from "
                             "the last checkpoint (the ledger generates again what it lost)") from None
-        by_gid: dict[str, list[dict]] = {}
-        for row in rows:
-            by_gid.setdefault(row["group_id"], []).append(row)
+        by_gid: dict[str, list] = {}  # gid -> its members' Trajectory objects
+        for t in rows:
+            by_gid.setdefault(t.group_id, []).append(t)
         for gid in gids:
             if len(by_gid.get(gid, ())) == len(self.kept[gid]):  # else (never seen) a resume generates it again
                 self.ledger.buffered(gid, by_gid[gid], self.kept[gid])

@@ -10,7 +10,7 @@ Two deviations, both because `rlflow run` admits work continuously instead of on
 
 - StreamRL dispatches a whole batch of prompts once and hands every instance a fixed list. Here the
   driver keeps one batch of groups drawn ahead (B groups, like the coordinator's TS and the
-  simulator, §5.1 of staleflow.txt) and re-runs Algorithm 2 over every waiting group whenever new ones
+  simulator, StaleFlow §5.1) and re-runs Algorithm 2 over every waiting group whenever new ones
   are drawn; the lanes replace the fixed lists, and least-loaded routing (or the coordinator's
   routing strategy) spreads a lane's groups over its instances, as "evenly distributed" asks.
 - The long-tail instances' "smaller batch sizes" (§5.3) become a cap: a long-tail instance holds at

@@ -1,4 +1,4 @@
-"""`rlflow run`: the loop that executes a compiled plan on Ray (ARCHITECTURE.md §4).
+"""`rlflow run`: the loop that executes a compiled plan on Ray (docs/internals/architecture.md).
 
 Everything it creates comes from the plan: the rollout fleets and the trainer from `actors`, the prompt
 source and reward streams from `data_operators` and `tasks`, the staleness policy and the coordinators
@@ -29,6 +29,7 @@ from rlflow.errors import RunFailed
 from rlflow.plan_model import Plan
 from rlflow.runtime import checkpoint, run_setup
 from rlflow.runtime.hooks import RunHooks
+from rlflow.runtime.messages import StepResult
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
@@ -223,15 +224,15 @@ class Run:
         self.sink.start(batch, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
         self.hooks.call("on_consumed", self)
 
-    def _on_trained(self, trained: dict) -> None:
+    def _on_trained(self, trained: StepResult) -> None:
         """A train step's result: finish it, unless its loss, gradient or update was not finite (trainer.py
         nonfinite_verdict): poisoned weights stop the run unsaved (the last checkpoint stays the good one); a
         skipped step (nothing applied) stops it, checkpointed, or goes on with train.on_nonfinite skip."""
-        verdict = trained.get("nonfinite", "")
+        verdict, m = trained.nonfinite, trained.metrics
         if verdict:
             self.counts["nonfinite_steps"] = self.counts.get("nonfinite_steps", 0) + 1
-            what = (f"train step {self.step + 1} was not finite (loss {trained.get('loss', float('nan')):g}, "
-                    f"grad norm {trained.get('grad_norm', float('nan')):g}, lr {trained.get('lr', float('nan')):g})")
+            what = (f"train step {self.step + 1} was not finite (loss {m.get('loss', float('nan')):g}, "
+                    f"grad norm {m.get('grad_norm', float('nan')):g}, lr {m.get('lr', float('nan')):g})")
             last = (f"the last checkpoint (step {self.saved_step}) is the one to resume from" if self.saved_step is not None
                     else "rlflow run --resume continues from the last checkpoint saved, if any")
         if verdict == "poisoned":
@@ -246,7 +247,7 @@ class Run:
                                 "it (train.on_nonfinite: stop). Look for a reward or advantage that is NaN or inf, lower "
                                 "lr, or set stages.<train>.on_nonfinite: skip to drop such batches and go on")
 
-    def _finish_step(self, trained: dict) -> None:
+    def _finish_step(self, trained: StepResult) -> None:
         self.sink.ref = None
         self.step += 1
         self.progress.trained()
@@ -274,7 +275,7 @@ class Run:
             self.tracker.log_metrics({f"startup/{k}_s": v for k, v in self.clock.marks.items()}, 0)
         if self.evals.due(self.step):
             self.evals.submit(self.step, self.weights.ref, self._submit)
-        self.elastic.stepped(trained.get("step_time_s", 0.0), self._submit)
+        self.elastic.stepped(trained.metrics.get("step_time_s", 0.0), self._submit)
         self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
             self._checkpoint()
@@ -332,7 +333,7 @@ class Run:
             self.sink.ref, self.trainer_dead = None, True
             self.log(f"the trainer died while finishing step {self.step + 1} ({type(err).__name__}): no checkpoint")
             return "FAILED"
-        if trained.get("nonfinite") == "poisoned":
+        if trained.nonfinite == "poisoned":
             self.sink.ref, self.trainer_dead = None, True
             self.log(f"train step {self.step + 1} made the weights non-finite: not saved")
             return "FAILED"

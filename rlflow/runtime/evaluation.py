@@ -19,12 +19,14 @@ import contextlib
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
 
-from rlflow.plan_model import Plan
+from rlflow.plan_model import EvaluatorActor, Plan
 from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
+from rlflow.runtime.messages import EvalPrompt, EvalTask
 
 EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
 BUCKETS = ("short", "medium", "long")
@@ -137,12 +139,12 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
     return out
 
 
-def encode(tokenizer, rows: list[dict], prompt_format: str = "raw", system_prompt: str | None = None) -> list[dict]:
-    """Prompt ids (exactly as prompt_source.py formats training prompts) and the answer's token length (buckets)."""
-    for r in rows:
-        r["prompt_ids"] = encode_prompt(tokenizer, r["prompt"], prompt_format, system_prompt)
-        r["answer_tokens"] = len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"])
-    return rows
+def encode(tokenizer, rows: list[dict], prompt_format: str = "raw", system_prompt: str | None = None) -> list[EvalPrompt]:
+    """Held-out rows as EvalPrompts: their prompt ids (exactly as prompt_source.py formats training prompts) and
+    the answer's token length (buckets)."""
+    return [EvalPrompt(r["prompt"], r["answer"], r.get("row", {}),
+                       encode_prompt(tokenizer, r["prompt"], prompt_format, system_prompt),
+                       len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"])) for r in rows]
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -157,7 +159,7 @@ def _sampling(engine, temperature: float, max_new_tokens: int):
         engine.temperature, engine.max_new_tokens = saved
 
 
-def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_new_tokens: int, tag: str,
+def generate(engine, rows: list[EvalPrompt], samples: int, *, temperature: float, max_new_tokens: int, tag: str,
              episodes=None) -> dict:
     """Completions {(row index, sample index): text}, generated to the end on an idle engine; with `episodes`
     (runtime/episodes.py), whole multi-turn episodes, their environments called between turns."""
@@ -171,8 +173,8 @@ def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_
     with _sampling(engine, temperature, max_new_tokens):
         for i, r in enumerate(rows):
             for j in range(samples):
-                traj = Trajectory(group_id=f"{tag}-{i}", index=j, prompt=r["prompt"], answer=r["answer"],
-                                  prompt_ids=list(r["prompt_ids"]), row=r.get("row", {}))
+                traj = Trajectory(group_id=f"{tag}-{i}", index=j, prompt=r.prompt, answer=r.answer,
+                                  prompt_ids=list(r.prompt_ids), row=r.row)
                 if episodes:
                     episodes.begin(traj)
                 engine.start(traj)
@@ -185,7 +187,7 @@ def generate(engine, rows: list[dict], samples: int, *, temperature: float, max_
     return done
 
 
-def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: float, max_new_tokens: int,
+def score_task(engine, rows: list[EvalPrompt], reward_fn, *, k: int, temperature: float, max_new_tokens: int,
                edges: tuple[int, int] | None = None, episodes=None) -> tuple[list[dict], int]:
     """Per-prompt results {greedy_reward, sample_rewards, bucket, greedy} and the number of reward calls that
     failed (scored 0)."""
@@ -193,10 +195,10 @@ def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: floa
 
     call, failed = reward_caller(reward_fn), 0
 
-    def reward(text: str, r: dict) -> float:
+    def reward(text: str, r: EvalPrompt) -> float:
         nonlocal failed
         try:
-            return as_reward(call(text, r["answer"], r["prompt"], r.get("row", {})))
+            return as_reward(call(text, r.answer, r.prompt, r.row))
         except Exception:  # noqa: BLE001 - a failing reward scores 0 here; training counts its failures itself
             failed += 1
             return 0.0
@@ -204,21 +206,21 @@ def score_task(engine, rows: list[dict], reward_fn, *, k: int, temperature: floa
     greedy = generate(engine, rows, 1, temperature=0.0, max_new_tokens=max_new_tokens, tag="greedy", episodes=episodes)
     sampled = generate(engine, rows, k, temperature=temperature, max_new_tokens=max_new_tokens, tag="sample",
                        episodes=episodes)
-    edges = edges or bucket_edges([r["answer_tokens"] for r in rows])
+    edges = edges or bucket_edges([r.answer_tokens for r in rows])
     results = [{"greedy": greedy[(i, 0)], "greedy_reward": reward(greedy[(i, 0)], r),
                 "sample_rewards": [reward(sampled[(i, j)], r) for j in range(k)],
-                "bucket": bucket(r["answer_tokens"], edges)} for i, r in enumerate(rows)]
+                "bucket": bucket(r.answer_tokens, edges)} for i, r in enumerate(rows)]
     return results, failed
 
 
-def evaluate(engine, tasks: dict[str, dict], k: int, episodes=None) -> dict:
-    """Metrics over every task's held-out rows. tasks: name -> {"rows" (encoded), "reward_fn" (callable),
-    "temperature", "max_new_tokens"}; several tasks add eval/<task>/... beside the overall metrics."""
+def evaluate(engine, tasks: dict[str, EvalTask], k: int, episodes=None) -> dict:
+    """Metrics over every task's held-out rows (each task's reward_fn resolved to a callable); several tasks add
+    eval/<task>/... beside the overall metrics."""
     t0 = time.perf_counter()
     metrics, everything, failed = {}, [], 0
     for name, t in tasks.items():
-        results, bad = score_task(engine, t["rows"], t["reward_fn"], k=k, temperature=t["temperature"],
-                                  max_new_tokens=t["max_new_tokens"], episodes=episodes)
+        results, bad = score_task(engine, t.rows, t.reward_fn, k=k, temperature=t.temperature,
+                                  max_new_tokens=t.max_new_tokens, episodes=episodes)
         everything += results
         failed += bad
         if len(tasks) > 1:
@@ -230,11 +232,11 @@ def evaluate(engine, tasks: dict[str, dict], k: int, episodes=None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- in a run
-def prepare(actor: dict, tokenizer, source: str) -> dict[str, dict]:
+def prepare(actor: EvaluatorActor, tokenizer, source: str) -> dict[str, EvalTask]:
     """The plan's evaluator tasks with their held-out rows read and tokenized (in the driver, where data files are)."""
     out = {}
-    for name, t in actor["tasks"].items():
-        rows = encode(tokenizer, held_out_rows(t, size=actor["size"], seed=actor["seed"]), t.get("prompt_format", "raw"),
+    for name, t in actor.tasks.items():
+        rows = encode(tokenizer, held_out_rows(t, size=actor.size, seed=actor.seed), t.get("prompt_format", "raw"),
                       t.get("system_prompt"))
         if not rows:
             from rlflow.errors import PipelineInvalid, Problem
@@ -242,8 +244,7 @@ def prepare(actor: dict, tokenizer, source: str) -> dict[str, dict]:
             raise PipelineInvalid(source, [Problem(("data", "eval"), f"task '{name}' has no held-out rows in "
                                                         f"'{t['source']}'", "empty-eval",
                                                         "raise the fraction, or give a file with prompts and answers")])
-        out[name] = {"rows": rows, "reward_fn": t["reward_fn"], "temperature": t["temperature"],
-                     "max_new_tokens": t["max_new_tokens"]}
+        out[name] = EvalTask(rows, t["reward_fn"], t["temperature"], t["max_new_tokens"])
     return out
 
 
@@ -253,7 +254,7 @@ class Evaluator:
     It is not a rollout instance: the coordinator never routes to it, nothing it generates reaches the trajectory
     store, the ledger or the staleness accounting. Calls queue in the actor, one at a time, in order."""
 
-    def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, dict], k: int,
+    def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, EvalTask], k: int,
                  episode: dict | None = None):
         from rlflow import registry
         from rlflow.runtime.episodes import episodes_for
@@ -264,7 +265,7 @@ class Evaluator:
         model_dir = local_model_dir(model_dir)
         self.engine = registry.resolve("engine", engine)(model_dir, instance_id=EVAL_INSTANCE, **engine_kwargs)
         self.episodes = episodes_for(episode, model_dir, engine_kwargs)  # multi-turn: episodes, as in training
-        self.tasks = {n: {**t, "reward_fn": registry.resolve("reward", t["reward_fn"])} for n, t in tasks.items()}
+        self.tasks = {n: replace(t, reward_fn=registry.resolve("reward", t.reward_fn)) for n, t in tasks.items()}
         self.k = k
 
     def ready(self) -> bool:
@@ -275,8 +276,8 @@ class Evaluator:
         from rlflow.runtime.parameter_server import pull_buckets
 
         loaded = self.engine.load_weights(pull_buckets(published), version)
-        if loaded["checksum"] != published.checksum:
-            raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded['checksum']}, "
+        if loaded.checksum != published.checksum:
+            raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded.checksum}, "
                                f"published {published.checksum}")
         return {"version": version, **evaluate(self.engine, self.tasks, self.k, self.episodes)}
 
@@ -355,32 +356,32 @@ def _bad(message: str, fix: str, loc: str = "--data"):
     raise PipelineInvalid("rlflow eval", [Problem((loc,), message, "bad-eval-input", fix)])
 
 
-def eval_tasks(plan: dict | None, *, data: str | None, task: str | None, reward: str | None, n: int | None,
+def eval_tasks(plan: dict | Plan | None, *, data: str | None, task: str | None, reward: str | None, n: int | None,
                k: int | None, max_new_tokens: int | None, temperature: float | None) -> tuple[dict, dict]:
     """What `rlflow eval` scores: per task {source, holdout, limit, prompt_field, answer_field, reward_fn,
     max_new_tokens, temperature}, and the settings {size, k, seed, top_p, max_running, max_model_len}. Defaults come
     from the plan an export carries (its held-out split, rewards and rollout settings), else plain ones."""
     from rlflow import registry
 
-    evaluator = next((a for a in plan["actors"] if a["role"] == "evaluator"), None) if plan else None
-    rollouts = [a for a in plan["actors"] if a["role"] == "rollout"] if plan else []
-    settings = {"size": n or (evaluator["size"] if evaluator else 128), "k": k or (evaluator["k"] if evaluator else 4),
-                "seed": plan["pipeline"]["data"]["seed"] if plan else 0,
-                "top_p": rollouts[0]["engine_kwargs"]["top_p"] if rollouts else 1.0,
-                "max_running": rollouts[0]["engine_kwargs"]["max_running"] if rollouts else 64,
-                "max_model_len": plan["pipeline"]["model"]["max_model_len"] if plan else None,
+    plan = Plan.of(plan) if plan is not None else None
+    evaluator = plan.evaluator if plan else None
+    rollouts = plan.rollouts() if plan else []
+    first = rollouts[0].engine_kwargs if rollouts else {}
+    settings = {"size": n or (evaluator.size if evaluator else 128), "k": k or (evaluator.k if evaluator else 4),
+                "seed": plan.pipeline["data"]["seed"] if plan else 0,
+                "top_p": first.get("top_p", 1.0), "max_running": first.get("max_running", 64),
+                "max_model_len": plan.model["max_model_len"] if plan else None,
                 # completions end, and episodes call their environment, as in the run
-                "stop": rollouts[0]["engine_kwargs"].get("stop", []) if rollouts else [],
-                "max_turn_tokens": rollouts[0]["engine_kwargs"].get("max_turn_tokens") if rollouts else None,
-                "episode": rollouts[0].get("episode") if rollouts else None}
-    ptasks = plan["tasks"] if plan else {}
+                "stop": first.get("stop", []), "max_turn_tokens": first.get("max_turn_tokens"),
+                "episode": rollouts[0].episode if rollouts else None}
+    ptasks = plan.tasks if plan else {}
     if task is not None and plan is not None and task not in ptasks:
         _bad(f"the run has no task '{task}' (tasks: {', '.join(ptasks)})", "name one of them", loc="--task")
     if data is None:
         if evaluator is None:
             _bad("no --data, and the model carries no run's held-out split (data.eval)",
                  "give --data builtin:<task> or a .jsonl/.json/.parquet file of prompts and answers")
-        chosen = {name: dict(t) for name, t in evaluator["tasks"].items() if task in (None, name)}
+        chosen = {name: dict(t) for name, t in evaluator.tasks.items() if task in (None, name)}
     else:
         if not data.startswith("builtin:") and not (data.endswith((".jsonl", ".json", ".parquet")) and Path(data).is_file()):
             _bad(f"'{data}' is neither builtin:<task> nor an existing .jsonl/.json/.parquet file",
@@ -392,16 +393,16 @@ def eval_tasks(plan: dict | None, *, data: str | None, task: str | None, reward:
                  loc="--task")
         name = task or next(iter(ptasks), "main")
         pt = ptasks.get(name)
-        same = pt is not None and pt["source"] == data  # the run's own source: keep its held-out split
-        rollout = next((a for a in rollouts if name in a["tasks"]), None)
-        fn = next((op["fn"] for op in plan["data_operators"] if op["kind"] == "reward" and pt and op["stage"] == pt["reward"]),
+        same = pt is not None and pt.source == data  # the run's own source: keep its held-out split
+        rollout = next((a for a in rollouts if name in a.tasks), None)
+        fn = next((op.fn for op in plan.reward_operators() if pt and op.stage == pt.reward),
                   "exact_match") if plan else "exact_match"
-        chosen = {name: {"source": data, "holdout": pt.get("holdout") if same else None, "limit": pt["limit"] if same else None,
-                         "prompt_field": pt["prompt_field"] if pt else "prompt",
-                         "answer_field": pt["answer_field"] if pt else "answer", "reward_fn": fn,
-                         "prompt_format": (pt or {}).get("prompt_format", "raw"), "system_prompt": (pt or {}).get("system_prompt"),
-                         "max_new_tokens": rollout["engine_kwargs"]["max_new_tokens"] if rollout else 64,
-                         "temperature": rollout["engine_kwargs"]["temperature"] if rollout else 1.0}}
+        chosen = {name: {"source": data, "holdout": pt.holdout if same else None, "limit": pt.limit if same else None,
+                         "prompt_field": pt.prompt_field if pt else "prompt",
+                         "answer_field": pt.answer_field if pt else "answer", "reward_fn": fn,
+                         "prompt_format": pt.prompt_format if pt else "raw", "system_prompt": pt.system_prompt if pt else None,
+                         "max_new_tokens": rollout.engine_kwargs["max_new_tokens"] if rollout else 64,
+                         "temperature": rollout.engine_kwargs["temperature"] if rollout else 1.0}}
     for t in chosen.values():
         t.update({k: v for k, v in (("reward_fn", reward), ("max_new_tokens", max_new_tokens), ("temperature", temperature))
                   if v is not None})
@@ -426,10 +427,9 @@ def run_eval(model_dir: str, tasks: dict[str, dict], settings: dict, *, engine: 
                       t.get("prompt_format", "raw"), t.get("system_prompt"))
         if not rows:
             _bad(f"task '{name}': no rows to score in '{t['source']}'", "check --data and its prompt/answer fields")
-        prepared[name] = {"rows": rows, "reward_fn": registry.resolve("reward", t["reward_fn"]),
-                          "temperature": t["temperature"], "max_new_tokens": t["max_new_tokens"]}
-    max_new = max(t["max_new_tokens"] for t in prepared.values())
-    longest = max(len(r["prompt_ids"]) for t in prepared.values() for r in t["rows"])
+        prepared[name] = EvalTask(rows, registry.resolve("reward", t["reward_fn"]), t["temperature"], t["max_new_tokens"])
+    max_new = max(t.max_new_tokens for t in prepared.values())
+    longest = max(len(r.prompt_ids) for t in prepared.values() for r in t.rows)
     limit = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None) or 4096
     max_model_len = settings["max_model_len"] or min(limit, max(512, longest + max_new + 1))
     if longest + max_new > max_model_len:
@@ -437,7 +437,7 @@ def run_eval(model_dir: str, tasks: dict[str, dict], settings: dict, *, engine: 
              "lower --max-new-tokens, or score shorter prompts")
     first = next(iter(prepared.values()))
     eng = registry.resolve("engine", engine)(model_dir, max_running=settings["max_running"], max_new_tokens=max_new,
-                                             temperature=first["temperature"], top_p=settings["top_p"],
+                                             temperature=first.temperature, top_p=settings["top_p"],
                                              seed=settings["seed"], max_model_len=max_model_len,
                                              stop=settings.get("stop", ()), max_turn_tokens=settings.get("max_turn_tokens"))
     from rlflow.runtime.episodes import episodes_for

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlflow.operators.policy import InvariantViolation
 from rlflow.runtime.messages import Prompt
+from rlflow.stages.trajectory import Trajectory
 
 FILE = "ledger.sqlite"
 TERMINAL = ("trained", "filtered", "dropped", "aborted")
@@ -42,12 +43,6 @@ create table if not exists meta (key text primary key, value text);
 _IN_TERMINAL = f"({','.join('?' * len(TERMINAL))})"
 
 
-def span(row: dict) -> tuple[int, int]:
-    """(v_min, v_max) of a Trajectory.as_dict(): its V_traj and every version that produced a segment."""
-    versions = [row.get("version", 0), *(row.get("versions_seen") or [])]
-    return min(versions), max(versions)
-
-
 @dataclass
 class Restorable:
     """A group that was buffered, not trained into the checkpoint: back to the buffer as it was."""
@@ -56,7 +51,7 @@ class Restorable:
     task: str
     v_traj: int
     prompt: Prompt  # the drawn prompt, to generate it again if the policy has no room for it
-    rows: list[dict]  # its kept members' Trajectory.as_dict(), with their original versions
+    members: list[Trajectory]  # its kept members, with their original versions
     rewards: dict[str, float]  # traj_id -> reward
 
 
@@ -115,12 +110,13 @@ class Ledger:
         for tid, (lo, hi) in spans.items():
             self._q("update trajectories set v_min=?, v_max=? where tid=?", (lo, hi, tid))
 
-    def buffered(self, gid: str, rows: list[dict], rewards: dict[str, float]) -> None:
-        """A group entered the buffer: its payload (kept members and rewards), committed with its state."""
+    def buffered(self, gid: str, members: list[Trajectory], rewards: dict[str, float]) -> None:
+        """A group entered the buffer: its payload (kept members, as JSON objects, and rewards), committed with its
+        state."""
         self.state(gid, "buffered")
         self._q("insert or replace into payloads (gid, rewards, rows) values (?, ?, ?)",
-                (gid, json.dumps(rewards), json.dumps(rows, default=str)))
-        self.spans({f"{r['group_id']}/{r['index']}": span(r) for r in rows})
+                (gid, json.dumps(rewards), json.dumps([t.as_dict() for t in members], default=str)))
+        self.spans({t.traj_id: t.version_span() for t in members})
 
     def trajectories(self, tids, state: str, step: int | None = None) -> None:
         for tid in tids:
@@ -188,8 +184,8 @@ class Ledger:
             rows = self.db.execute("select g.gid, g.task, g.v_traj, g.prompt, p.rows, p.rewards from payloads p "
                                    "join groups g on g.gid = p.gid where g.state='buffered' order by p.rowid").fetchall()
             for gid, task, v_traj, prompt, members, rewards in rows:
-                members = json.loads(members)
-                if v_traj is not None and v_traj <= step and all(span(m)[1] <= step for m in members):
+                members = [Trajectory.from_dict(m) for m in json.loads(members)]
+                if v_traj is not None and v_traj <= step and all(m.version_span()[1] <= step for m in members):
                     restore.append(Restorable(gid, task, v_traj, Prompt.from_json(json.loads(prompt)), members,
                                               json.loads(rewards)))
             keep = [r.gid for r in restore]

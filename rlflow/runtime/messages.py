@@ -6,21 +6,27 @@ A trajectory's path, with the message on each hop (sender -> receiver: message):
   rollout_fleet -> trajectory_server: one Trajectory (stages/trajectory.py) per member of the prompt's group
   rollout_fleet -> rollout_worker: the routed Trajectory objects, in the step call with the commands (abort and
       interrupt ids, a pull)
-  rollout_worker -> payload_store: Trajectory.as_dict() of the finished ones (the store's format, read back by the
-      reward stream, the ledger and the trainer)
-  rollout_worker -> rollout_fleet: StepReport (a FinishedMeta per finished trajectory; interrupted Trajectory objects)
-  payload_store -> reward_stream: Arrow batches inside Ray Data (the stream's own business)
+  rollout_worker -> payload_store: the finished Trajectory objects (the store keeps them until they are trained
+      or dropped; the buffer peeks at them for the ledger, which keeps them as JSON)
+  rollout_worker -> rollout_fleet: StepReport (a FinishedMeta per finished trajectory; interrupted Trajectory objects;
+      the engine's EngineSnapshot and, after a pull, its WeightsLoaded: stages/engine.py)
+  payload_store -> reward_stream: GroupToScore per complete group; inside Ray Data it travels as an Arrow row
+      (`as_row`: the stream's own business)
   reward_stream -> driver -> buffer: ScoredBatch (a ScoredTrajectory per member of whole groups)
   buffer.consume -> driver -> train_sink: TrainBatch
-  train_sink -> trainer_worker: the batch's ids, rewards and version; rank 0 takes the payloads from the store
+  train_sink -> trainer_worker: TrainStep (ids, rewards, version); rank 0 takes the Trajectory objects from the store
+      and answers with a StepResult
+  evaluation (driver) -> Evaluator actor: EvalTask per task (its EvalPrompt rows, tokenized in the driver)
 
 Plain data (lists, not tensors) with slots: they pickle small across Ray's object store.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 
+from rlflow.stages.engine import EngineSnapshot, WeightsLoaded
 from rlflow.stages.trajectory import Trajectory
 
 
@@ -71,11 +77,38 @@ class StepReport:
     instance: int  # the instance's index in its stage
     finished: list[FinishedMeta]  # trajectories finished in this step, payloads already in the store
     interrupted: list[Trajectory]  # partial trajectories handed back, to go back to the TS
-    snapshot: dict  # the engine's snapshot (StaleFlow §5.2): version, run_trajs, complete_trajs, ...
+    snapshot: EngineSnapshot  # the engine's snapshot (StaleFlow §5.2): version, run_trajs, complete_trajs, ...
     busy_s: float  # seconds in engine.step (decoding)
     pull_s: float  # seconds loading weights
     idle: bool  # nothing left to generate (and no episode waiting on its environment)
-    loaded: dict | None = None  # after a pull: the engine's report of what it loaded ({version, checksum})
+    loaded: WeightsLoaded | None = None  # after a pull: the engine's report of what it loaded
+
+
+@dataclass(frozen=True, slots=True)
+class GroupToScore:
+    """A complete group, light fields only (no token ids): payload_store.PayloadStore.next_groups -> the reward
+    stream's read task, which hands it to Ray Data as one Arrow row (`as_row`)."""
+
+    group_id: str
+    task: str
+    prompt: str
+    answer: str
+    row: dict  # the prompt's data row, for reward functions
+    traj_id: list[str]  # the members, in order
+    completion: list[str]  # each member's decoded completion
+    v_min: list[int]  # each member's version span (Trajectory.version_span), passed through to the driver's ledger
+    v_max: list[int]
+
+    @classmethod
+    def of(cls, members: list[Trajectory]) -> GroupToScore:
+        first, spans = members[0], [m.version_span() for m in members]
+        return cls(first.group_id, first.task, first.prompt, str(first.answer), first.row or {},
+                   [m.traj_id for m in members], [m.completion for m in members],
+                   [lo for lo, _ in spans], [hi for _, hi in spans])
+
+    def as_row(self) -> dict:
+        """The Arrow row: the data row as JSON (its columns differ from task to task, Arrow wants one schema)."""
+        return {**asdict(self), "row": json.dumps(self.row, default=str)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +156,48 @@ class TrainBatch:
     def version(self) -> int:
         """The trainer version this batch trains (its staleness counts from it)."""
         return self.policy_batch.version
+
+
+@dataclass(frozen=True, slots=True)
+class TrainStep:
+    """One step's order: train_sink.TrainSink.start -> trainer_worker.TrainerWorker.train (rank 0), which takes the
+    members' payloads from the payload store and publishes version + 1."""
+
+    rewards: dict[str, float]  # traj_id -> reward, for every trajectory trained (its keys: what to take)
+    group_size: int  # members per group (the batch is checked against it)
+    version: int  # the version the batch trains; the step publishes version + 1
+
+    @property
+    def traj_ids(self) -> list[str]:
+        return list(self.rewards)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one train step reports: trainer_worker.TrainerWorker.train -> train_sink.TrainSink."""
+
+    metrics: dict[str, float]  # loss, kl, grad_norm, tokens, ... (stages/trainer.py; merged over the ranks)
+    nonfinite: str  # the worst rank's verdict: "" | "skipped" | "poisoned" (stages/trainer.py NONFINITE_ORDER)
+    sync_s: float  # seconds publishing the new weights (0 when poisoned: never published)
+    ranks: int  # data-parallel ranks that trained it
+
+
+@dataclass(frozen=True, slots=True)
+class EvalPrompt:
+    """One held-out prompt, tokenized in the driver (evaluation.encode), scored by the Evaluator actor."""
+
+    prompt: str
+    answer: str
+    row: dict  # the whole data row, for reward functions
+    prompt_ids: list[int]
+    answer_tokens: int  # the reference answer's length in tokens (its bucket in the metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalTask:
+    """One task's held-out set and settings: evaluation.prepare (driver) -> the Evaluator actor."""
+
+    rows: list[EvalPrompt]
+    reward_fn: object  # a registry name or module:function (the actor resolves it), or the function itself
+    temperature: float
+    max_new_tokens: int

@@ -55,9 +55,11 @@ class Metrics:
         """The loop starts: rollout idle ratios count instance-seconds from here, not from the actors' start-up."""
         self._instance_s_prev = instance_s
 
-    def step_row(self, step: int, version: int, info: dict, trained: dict, wall: float, busy_s: float,
+    def step_row(self, step: int, version: int, info: dict, result, wall: float, busy_s: float,
                  instance_s: float, counters, counts: dict, recall: float | None) -> dict:
-        """instance_s: cumulative rollout instance-seconds served (instances may join or leave, scaling.py)."""
+        """result: the step's messages.StepResult. instance_s: cumulative rollout instance-seconds served
+        (instances may join or leave, scaling.py)."""
+        trained = {**result.metrics, "sync_s": result.sync_s, "ranks": result.ranks}
         st, rw, lengths = info["staleness"], info["rewards"], info["lengths"]
         mean_len = _mean(lengths) or 0.0
         everything = [r for rs in self.scored.values() for r in rs]
@@ -68,7 +70,7 @@ class Metrics:
             "reward_std": math.sqrt(sum((r - _mean(rw)) ** 2 for r in rw) / len(rw)),
             "staleness_mean": _mean(st), "staleness_max": max(st),
             "length_mean": mean_len, "length_max": max(lengths, default=0),
-            # measured group tailness multiplier M_tail = E[max over a group] / E[L] (staleness-model.md)
+            # measured group tailness multiplier M_tail = E[max over a group] / E[L] (docs/concepts/staleness.md)
             "length_tailness": (_mean([max(g) for g in info["group_lengths"]]) / mean_len) if mean_len else 0.0,
             # measured workload.prompt_share: how alike a prompt's samples are in length (the simulator's input)
             "length_prompt_share": prompt_share(info["group_lengths"]),

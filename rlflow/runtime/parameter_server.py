@@ -29,6 +29,7 @@ import torch
 
 from rlflow.runtime.weight_link import LINK_TIMEOUT, accept, open_link
 from rlflow.stages.checksum import Checksum
+from rlflow.stages.engine import WeightsLoaded
 from rlflow.stages.weight_buckets import BucketLayout, as_bytes, from_bytes, pack, unpack
 
 TRANSPORTS = ("object_store", "collective")
@@ -247,23 +248,23 @@ def pull_buckets(published: Published) -> Iterator[dict[str, torch.Tensor]]:
         raise
 
 
-def verify_loaded(stage: str, instance: int, sent: Published, loaded: dict | None) -> None:
+def verify_loaded(stage: str, instance: int, sent: Published, loaded: WeightsLoaded | None) -> None:
     """RunFailed unless an engine reports it loaded exactly the version it was sent, with the published checksum."""
     from rlflow.errors import RunFailed
 
     where = f"rollout stage '{stage}' instance {instance}"
     if loaded is None:
         raise RunFailed(f"{where} was sent weights version {sent.version} and reported no load; its engine's "
-                        "load_weights must return {'version', 'checksum'} (stages/engine.py)")
-    if loaded.get("missing"):
+                        "load_weights must return a WeightsLoaded (stages/engine.py)")
+    if loaded.missing:
         raise RunFailed(f"{where} loaded weights version {sent.version} but its engine did not load "
-                        f"{len(loaded['missing'])} of its parameters, e.g. {loaded['missing'][:3]}; they keep older weights")
-    if loaded["version"] != sent.version:
+                        f"{len(loaded.missing)} of its parameters, e.g. {loaded.missing[:3]}; they keep older weights")
+    if loaded.version != sent.version:
         raise RunFailed(f"{where} was sent weights version {sent.version} but reports it loaded version "
-                        f"{loaded['version']} (checksum {loaded['checksum']}); a rollout engine must generate from "
+                        f"{loaded.version} (checksum {loaded.checksum}); a rollout engine must generate from "
                         "the version it was sent")
-    if loaded["checksum"] != sent.checksum:
-        raise RunFailed(f"{where} loaded weights version {sent.version} with checksum {loaded['checksum']}, but "
+    if loaded.checksum != sent.checksum:
+        raise RunFailed(f"{where} loaded weights version {sent.version} with checksum {loaded.checksum}, but "
                         f"version {sent.version} was published with checksum {sent.checksum}: the engine holds "
                         "other weights than the trainer published (a tensor skipped, corrupted or converted on "
                         "load); its rollouts would be trained as that version")

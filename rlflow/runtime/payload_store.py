@@ -13,14 +13,13 @@ capped per stage (`max_in_flight`): that cap is the reward stream's back-pressur
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter, deque
 
 import ray
 
-from rlflow.runtime.ledger import span
-from rlflow.stages.trajectory import member_id
+from rlflow.runtime.messages import GroupToScore
+from rlflow.stages.trajectory import Trajectory
 
 
 @ray.remote(num_cpus=0)
@@ -28,7 +27,7 @@ class PayloadStore:
     """Payloads by trajectory id, plus one queue of complete groups per reward stage."""
 
     def __init__(self):
-        self._payload: dict[str, dict] = {}  # traj_id -> Trajectory.as_dict()
+        self._payload: dict[str, Trajectory] = {}  # traj_id -> its finished Trajectory
         self._queues: dict[str, deque[list[str]]] = {}  # reward stage -> complete groups (traj ids) waiting
         self._events: dict[str, asyncio.Event] = {}  # set when a stage's queue or credit changes
         self._ended: set[str] = set()  # stages whose stream was ended by end_stage()
@@ -40,10 +39,10 @@ class PayloadStore:
     def _event(self, stage: str) -> asyncio.Event:
         return self._events.setdefault(stage, asyncio.Event())
 
-    def put(self, trajectories: list[dict]) -> int:
+    def put(self, trajectories: list[Trajectory]) -> int:
         """Store finished trajectories (rollout workers call this before they report completion)."""
         for t in trajectories:
-            self._payload[member_id(t["group_id"], t["index"])] = t
+            self._payload[t.traj_id] = t
         return len(self._payload)
 
     def enqueue_group(self, stage: str, traj_ids: list[str]) -> None:
@@ -55,8 +54,8 @@ class PayloadStore:
         self._event(stage).set()
 
     async def next_groups(self, stage: str, timeout_s: float = 5.0, max_groups: int = 64,
-                          max_in_flight: int | None = None) -> list[dict] | None:
-        """Up to max_groups whole groups for `stage`, one row per group (light fields only), keeping at most
+                          max_in_flight: int | None = None) -> list[GroupToScore] | None:
+        """Up to max_groups whole groups for `stage` (light fields only: no token ids), keeping at most
         max_in_flight pulled but not delivered. Waits up to timeout_s; [] on timeout; None once the stage ended."""
         deadline = time.monotonic() + timeout_s
         q = self._queues.setdefault(stage, deque())
@@ -76,7 +75,7 @@ class PayloadStore:
         # a group discarded after it was enqueued (aborted by the buffer) is not scored
         groups = [ids for ids in groups if all(t in self._payload for t in ids)]
         self._pulled[stage] += len(groups)
-        return [self._group_row(ids) for ids in groups]
+        return [GroupToScore.of([self._payload[t] for t in ids]) for ids in groups]
 
     def _ended_(self, stage: str) -> bool:
         return self._closed or stage in self._ended
@@ -85,15 +84,6 @@ class PayloadStore:
         if max_in_flight is None:
             return len(self._queues[stage])
         return max_in_flight - (self._pulled[stage] - self._delivered[stage])
-
-    def _group_row(self, traj_ids: list[str]) -> dict:
-        members = [self._payload[t] for t in traj_ids]
-        first = members[0]
-        spans = [span(m) for m in members]
-        return {"group_id": first["group_id"], "task": first.get("task", "main"), "prompt": first["prompt"],
-                "answer": str(first["answer"]), "row": json.dumps(first.get("row") or {}, default=str),
-                "traj_id": list(traj_ids), "completion": [m["completion"] for m in members],
-                "v_min": [lo for lo, _ in spans], "v_max": [hi for _, hi in spans]}
 
     def delivered(self, stage: str, n_groups: int) -> None:
         """`stage`'s stream handed n_groups scored groups to the driver: that much credit returns."""
@@ -125,11 +115,11 @@ class PayloadStore:
         for event in self._events.values():
             event.set()
 
-    def peek(self, traj_ids: list[str]) -> list[dict]:
+    def peek(self, traj_ids: list[str]) -> list[Trajectory]:
         """Copies of the payloads of `traj_ids` that are here (the buffer writes them to the ledger)."""
         return [self._payload[t] for t in traj_ids if t in self._payload]
 
-    def take(self, traj_ids: list[str]) -> list[dict]:
+    def take(self, traj_ids: list[str]) -> list[Trajectory]:
         """Hand payloads to the trainer and forget them."""
         return [self._payload.pop(t) for t in traj_ids]
 

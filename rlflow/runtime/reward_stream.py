@@ -88,8 +88,8 @@ class GroupSource(Datasource):
                     rows = ray.get(store.next_groups.remote(stage, PULL_TIMEOUT_S, MAX_GROUPS_PER_PULL, max_in_flight))
                     if rows is None:  # the stage was ended: RewardStream.close() or PayloadStore.close()
                         return
-                    if rows:
-                        yield pa.Table.from_pylist([{"groups": rows}])
+                    if rows:  # GroupToScore messages, as Arrow rows from here on
+                        yield pa.Table.from_pylist([{"groups": [g.as_row() for g in rows]}])
             except ray.exceptions.RayError as e:  # re-raised plainly: Ray's own may not deserialize in the driver
                 raise RuntimeError(f"reward stage '{stage}' lost the payload store: {type(e).__name__}") from None
 

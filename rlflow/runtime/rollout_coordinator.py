@@ -1,6 +1,6 @@
 """The rollout coordinator inside `rlflow run`: fleet state -> Snapshot -> Algorithm 1 -> step commands.
 
-operators/coordinator.py is StaleFlow's snapshot -> command cycle (staleflow.txt §5.2, Algorithm 1) as
+operators/coordinator.py is StaleFlow's snapshot -> command cycle (StaleFlow §5.2, Algorithm 1) as
 pure Python; the simulator drives it (rlflow/sim/fleet.py), and this module drives it for one rollout
 fleet (rollout_fleet.py), every strategy included, vanilla least-loaded routing too.
 
@@ -32,6 +32,7 @@ from rlflow.operators.routing import CostModel
 from rlflow.operators.snapshot import InstanceSnapshot, Snapshot, TrajView
 from rlflow.plan_read import PlanCoordination, named_profile
 from rlflow.runtime.trajectory_server import TrajectoryServer, row_tokens, traj_id
+from rlflow.stages.engine import EngineSnapshot
 from rlflow.stages.trajectory import Trajectory
 
 COUNTS = ("coord_cycles", "coord_rejected", "coord_resyncs", "coord_routed", "coord_interrupted", "coord_pulls")
@@ -172,10 +173,10 @@ class RolloutCoordinator:
     def _snapshot(self, inst) -> InstanceSnapshot:
         """The instance as its next step will find it: last report, minus queued aborts, plus queued routes."""
         i = inst.index
-        snap = inst.snapshot or {"version": inst.version, "kv_cache": 0, "run_trajs": [], "wait_trajs": [],
-                                 "complete_trajs": 0}
+        snap = inst.snapshot or EngineSnapshot(instance=i, version=inst.version, kv_cache=0, run_trajs=[], wait_trajs=[],
+                                               complete_trajs=0, max_running=0)
         aborted = set(inst.aborts)
-        per = snap["kv_cache"] / len(snap["run_trajs"]) if snap["run_trajs"] else 0.0  # KV tokens of each running one
+        per = snap.kv_cache / len(snap.run_trajs) if snap.run_trajs else 0.0  # KV tokens of each running one
 
         def view(tid: str, tokens: float | None = None) -> TrajView:
             row = inst.running.get(tid)
@@ -183,9 +184,9 @@ class RolloutCoordinator:
                 raise InvariantViolation(f"instance {i} reports trajectory {tid}, which the driver did not route there")
             return TrajView(tid, row.group_id, row.version, row_tokens(row) if tokens is None else tokens)
 
-        run = [view(t, per) for t in snap["run_trajs"] if t not in aborted]
-        wait = [view(t) for t in snap["wait_trajs"] if t not in aborted]
-        env = [view(t) for t in snap.get("env_trajs", ()) if t not in aborted]  # multi-turn: between turns
+        run = [view(t, per) for t in snap.run_trajs if t not in aborted]
+        wait = [view(t) for t in snap.wait_trajs if t not in aborted]
+        env = [view(t) for t in snap.env_trajs if t not in aborted]  # multi-turn: between turns
         kv = per * len(run)
         for row in inst.routes:  # queued routes: admitted at the next step if the engine has room
             v = TrajView(traj_id(row), row.group_id, row.version, row_tokens(row))
@@ -194,8 +195,8 @@ class RolloutCoordinator:
                 kv += v.tokens
             else:
                 wait.append(v)
-        version = inst.pull[0] if inst.pull else snap["version"]
-        complete = 0 if inst.pull else snap["complete_trajs"] - self.complete_base[i]
+        version = inst.pull[0] if inst.pull else snap.version
+        complete = 0 if inst.pull else snap.complete_trajs - self.complete_base[i]
         return InstanceSnapshot(i, self.cost.k5 * kv, run, wait, complete, version, self.kv_prev[i], env)
 
     def _interrupt(self, inst, tids: list[str]) -> None:
@@ -242,7 +243,7 @@ class RolloutCoordinator:
         """The driver issues the instance's next step with its queued commands."""
         i = inst.index
         if inst.pull is not None:
-            self.complete_base[i] = inst.snapshot["complete_trajs"] if inst.snapshot else 0
+            self.complete_base[i] = inst.snapshot.complete_trajs if inst.snapshot else 0
         self.sent_aborts[i] = list(inst.aborts)
         self.sent_interrupts[i] = list(inst.interrupts)
 
@@ -329,4 +330,4 @@ def _idle(inst) -> bool:
     """Nothing generating or waiting on the instance at its last report, and nothing queued for it."""
     snap = inst.snapshot
     return not inst.routes and not inst.interrupts and not inst.pull and (
-        snap is None or not (snap["run_trajs"] or snap["wait_trajs"] or snap.get("env_trajs")))
+        snap is None or not (snap.run_trajs or snap.wait_trajs or snap.env_trajs))

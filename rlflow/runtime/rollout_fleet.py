@@ -1,7 +1,7 @@
 """One rollout stage of the plan: its instances, the coordinator that routes to them, its task types.
 
 Prompts of the stage's tasks are drawn from the prompt source into the coordinator's trajectory server
-(one batch of groups ahead, staleflow.txt §5.1). Every routing and weight-sync decision is a coordinator
+(one batch of groups ahead, StaleFlow §5.1). Every routing and weight-sync decision is a coordinator
 cycle (operators/coordinator.py, Algorithm 1) — vanilla least-loaded routing with global or per-instance
 sync included, so there is one routing path. The commands travel in each instance's next step call
 (rollout_worker.py). When every member of a group has finished, the group goes to its task's reward
@@ -26,6 +26,7 @@ from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.runtime.rollout_coordinator import RolloutCoordinator
 from rlflow.runtime.rollout_worker import RolloutWorker
 from rlflow.runtime.trajectory_server import traj_id
+from rlflow.stages.engine import EngineSnapshot
 from rlflow.stages.trajectory import Trajectory, member_id
 
 
@@ -43,7 +44,7 @@ class RolloutInstance:
     interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
     pull: object = None  # (version, parameter_server.Published) to load at the next step
     pulling: object = None  # the Published the outstanding step loads (its report is checked against it)
-    snapshot: dict | None = None  # the worker's report at the end of its last step
+    snapshot: EngineSnapshot | None = None  # the engine's, at the end of its last step
     running: dict = field(default_factory=dict)  # traj_id -> routed Trajectory (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
     busy_s: float = 0.0  # seconds generating or loading weights
@@ -147,7 +148,7 @@ class RolloutFleet:
         return 0.0 if c.holding or c.due(now, self.instances) else max(0.0, c.next_cycle - now)
 
     def coordinate(self, ps_version: int, ps_ref) -> None:
-        """One cycle (staleflow.txt §5.2) on an exact snapshot, when one is due: instances that return are
+        """One cycle (StaleFlow §5.2) on an exact snapshot, when one is due: instances that return are
         held until every alive one has, then sync, migration and routing commands are queued for them."""
         c, now = self.coordination, time.monotonic()
         self.ps = (ps_version, ps_ref)
@@ -204,8 +205,8 @@ class RolloutFleet:
         inst.finished += len(report.finished)
         inst.idle = report.idle
         snap = report.snapshot
-        inst.version, inst.snapshot = snap["version"], snap
-        self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap["run_trajs"])))
+        inst.version, inst.snapshot = snap.version, snap
+        self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap.run_trajs)))
         self.pull_s += report.pull_s
         if self.episodic:
             self._count_episodes(report)
@@ -234,7 +235,7 @@ class RolloutFleet:
             self.counts["episode_turns"] += meta.turns
             self.counts["env_tokens"] += meta.env_tokens
             self.counts["env_wait_s"] += meta.env_s
-        self.counts[f"env_waiting_{self.stage}_{report.instance}"] = len(report.snapshot.get("env_trajs", ()))
+        self.counts[f"env_waiting_{self.stage}_{report.instance}"] = len(report.snapshot.env_trajs)
 
     def _group_done(self, gid: str, done) -> None:
         self._abort_members(done.surplus)

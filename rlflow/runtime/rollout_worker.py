@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import ray
 
@@ -61,7 +62,7 @@ class RolloutWorker:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
         pull: None, or (version, parameter_server.Published) to load before generating. The report's `loaded` is
-        then the engine's report of what it loaded ({version, checksum}), which the driver verifies.
+        then the engine's report of what it loaded (WeightsLoaded), which the driver verifies.
         """
         pull_s, loaded = 0.0, None
         if pull is not None:
@@ -105,15 +106,14 @@ class RolloutWorker:
             final = episodes.finished(turns) if episodes else turns
             self.turns_not_complete += len(turns) - len(final)
             done.extend(final)
-        finished = [t.as_dict() for t in done]
-        if finished:
-            ray.get(self.store.put.remote(finished))  # payload in the store before the driver hears of it
-        meta = [FinishedMeta(t["group_id"], t["index"], t["version"], t["finish_reason"], len(t["completion_ids"]),
-                             len(t["turn_starts"]) or 1, t["loss_mask"].count(0), t["env_s"]) for t in finished]
+        if done:
+            ray.get(self.store.put.remote(done))  # payload in the store before the driver hears of it
+        meta = [FinishedMeta(t.group_id, t.index, t.version, t.finish_reason, len(t.completion_ids),
+                             len(t.turn_starts) or 1, t.loss_mask.count(0), t.env_s) for t in done]
         snapshot = self.engine.snapshot()
-        if episodes:
-            snapshot["env_trajs"] = episodes.waiting_ids()  # between turns, on their environment
-            snapshot["complete_trajs"] -= self.turns_not_complete  # episodes, as the coordinator counts them
+        if episodes:  # between turns, on their environment; and episodes completed, as the coordinator counts them
+            snapshot = replace(snapshot, env_trajs=episodes.waiting_ids(),
+                               complete_trajs=snapshot.complete_trajs - self.turns_not_complete)
         return StepReport(self.instance_id, meta, interrupted, snapshot, busy, pull_s,
                           self.engine.idle and not (episodes and episodes.waiting), loaded)
 

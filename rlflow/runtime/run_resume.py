@@ -19,14 +19,14 @@ def restore(run, state: dict, resumed) -> None:
     run.buffer.policy.version = run.step  # the control plane resumes at the trainer's version
     replay, fates = list(resumed.replay), {"restored": [], "regenerate": [], "dropped": []}
     if resumed.restore:  # buffered groups go back as they were: payloads to the store, entries to the policy
-        rows = [row for r in resumed.restore for row in r.rows]
-        get_within(run.store.put.remote(rows), CALL_TIMEOUT_S, "the payload store to take the restored groups")
+        members = [t for r in resumed.restore for t in r.members]
+        get_within(run.store.put.remote(members), CALL_TIMEOUT_S, "the payload store to take the restored groups")
         for r in resumed.restore:
             fate = run.buffer.restore(r.gid, r.v_traj, r.rewards)
             fates[fate].append(r)
             if fate == "restored":
                 fleet = next(f for f in run.fleets if r.task in f.tasks)
-                fleet.lengths.update({f"{row['group_id']}/{row['index']}": len(row["completion_ids"]) for row in r.rows})
+                fleet.lengths.update({t.traj_id: len(t.completion_ids) for t in r.members})
             else:
                 run.store.discard.remote(list(r.rewards))
             if fate == "regenerate":  # the policy has no room for it now: generated again, after the others

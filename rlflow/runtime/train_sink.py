@@ -16,22 +16,23 @@ import ray
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.plan_model import Plan
 from rlflow.runtime.checkpoint import CheckpointDamaged
-from rlflow.runtime.messages import TrainBatch
+from rlflow.runtime.messages import TrainBatch, TrainStep
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.trainer_worker import RANK_CALL_TIMEOUT_S, launch_trainer
 from rlflow.runtime.watchdog import RunStalled
 
 
-def check_deepspeed_config(plan: dict) -> dict:
+def check_deepspeed_config(plan: dict | Plan) -> dict:
     """The trainer's DeepSpeed config, read and checked again at run start (it was there at compile, but may
     have been deleted or edited since): PipelineInvalid naming stages.<train>.deepspeed when it is missing,
     unreadable, not JSON, or not shaped like a DeepSpeed config. Returns the parsed config (the trainer is
     given this dict, so it runs on exactly what was checked)."""
-    spec = next(a for a in plan["actors"] if a["role"] == "trainer")
-    ref, loc = spec["deepspeed"], ("stages", spec["stage"], "deepspeed")
+    plan = Plan.of(plan)
+    spec = plan.trainer
+    ref, loc = spec.deepspeed, ("stages", spec.stage, "deepspeed")
 
     def bad(message: str, rule: str, fix: str = "fix the file, or point the train stage at one of configs/deepspeed/*.json"):
-        raise PipelineInvalid(plan["source"], [Problem(loc, message, rule, fix)])
+        raise PipelineInvalid(plan.source, [Problem(loc, message, rule, fix)])
 
     path = Path(ref)
     if not path.is_file():
@@ -77,7 +78,7 @@ class TrainSink:
     def start(self, batch: TrainBatch, info: dict, submit) -> None:
         """Rank 0 trains `batch` (its payloads it takes from the store by id) and publishes batch.version + 1."""
         self.batch_info = info
-        self.ref = self.actor.train.remote(list(batch.rewards), batch.rewards, self.group_size, batch.version)
+        self.ref = self.actor.train.remote(TrainStep(batch.rewards, self.group_size, batch.version))
         submit(self.ref, ("train", self, None))
 
     def save(self, directory: str, tag: str, client_state: dict) -> dict:

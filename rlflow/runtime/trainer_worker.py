@@ -14,6 +14,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.runtime.messages import StepResult, TrainStep
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.rollout_worker import one_thread
 
@@ -108,28 +109,22 @@ class TrainerWorker:
         for _ in self.trainer.weight_buckets(bucket_bytes):
             pass
 
-    def train(self, traj_ids: list[str], rewards: dict[str, float], group_size: int, version: int) -> dict:
-        """One step on the consumed groups (rank 0: all ranks train their shard); publishes version + 1."""
+    def train(self, step: TrainStep) -> StepResult:
+        """One step on the consumed groups (rank 0: all ranks train their shard); publishes step.version + 1."""
         from rlflow.stages.batch_shards import merge_rank_metrics, shard_batch
         from rlflow.stages.trainer import NONFINITE_ORDER, check_batch
-        from rlflow.stages.trajectory import Trajectory
 
-        rows = ray.get(self.store.take.remote(traj_ids), timeout=RANK_CALL_TIMEOUT_S)
-        trajectories = []
-        for row in rows:
-            t = Trajectory.from_dict(row)
-            t.reward = rewards[t.traj_id]
-            trajectories.append(t)
-        check_batch(trajectories, group_size)
+        trajectories = ray.get(self.store.take.remote(step.traj_ids), timeout=RANK_CALL_TIMEOUT_S)
+        for t in trajectories:
+            t.reward = step.rewards[t.traj_id]
+        check_batch(trajectories, step.group_size)
         shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size, self.trainer.micro_batch_tokens)
         per_rank = self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
                              peer_args=[(shard,) for shard in shards[1:]])
-        metrics = merge_rank_metrics(per_rank)
-        metrics["nonfinite"] = max((m["nonfinite"] for m in per_rank), key=NONFINITE_ORDER.index)
+        nonfinite = max((m.pop("nonfinite") for m in per_rank), key=NONFINITE_ORDER.index)
         # poisoned weights are never published (the driver stops without saving them); a skipped step's are as before
-        metrics["sync_s"] = self.publish(version + 1) if metrics["nonfinite"] != "poisoned" else 0.0
-        metrics["ranks"] = self.world_size
-        return metrics
+        sync_s = self.publish(step.version + 1) if nonfinite != "poisoned" else 0.0
+        return StepResult(merge_rank_metrics(per_rank), nonfinite, sync_s, self.world_size)
 
     def train_shard(self, shard) -> dict:
         return self.trainer.train_shard(shard)

@@ -25,7 +25,7 @@ class LengthSpec:
 
     kind: str = "fixed"  # "fixed" | "lognormal" | "file"
     mean: float = 1024.0  # E[L] before capping (fixed: every length; lognormal: E[L] of the uncapped law)
-    tailness: float = 0.0  # lognormal: sigma = 1.3 * tailness / 100 (staleness-model.md)
+    tailness: float = 0.0  # lognormal: sigma = 1.3 * tailness / 100 (docs/concepts/staleness.md)
     cap: int | None = None  # lognormal: max_new_tokens; lengths are rounded then capped
     path: str | None = None  # file: one integer per line, or a JSON list of integers
     prompt_share: float = 0.0  # lognormal: share of log-length variance a group's samples share (lengths.py)

@@ -1,4 +1,4 @@
-"""Response lengths: fixed, lognormal by tailness (staleness-model.md), or recorded from a run.
+"""Response lengths: fixed, lognormal by tailness (docs/concepts/staleness.md), or recorded from a run.
 
 A group's lengths are independent draws, unless a share of the log-length variance is the prompt's
 (`prompt_share`): ln L = ln m - sigma^2 / 2 + sigma (sqrt(share) z_prompt + sqrt(1 - share) z_sample), one z_prompt

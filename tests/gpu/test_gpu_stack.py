@@ -44,7 +44,7 @@ def test_hf_engine_generates_on_the_gpu_and_verifies_a_pull(builtin_model):
     assert len(done) == 32 and all(np.isfinite(t.behaviour_logprobs).all() for t in done)
     state = {k: v.detach().cpu().numpy() + 0.01 for k, v in load_hf(builtin_model).state_dict().items()}
     report = engine.load_weights(state, 1)
-    assert report["version"] == 1 and report["checksum"] == checksum(state)
+    assert report.version == 1 and report.checksum == checksum(state)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

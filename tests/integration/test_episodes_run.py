@@ -31,7 +31,7 @@ def test_agentic_pipeline_trains_whole_episodes(variant, ray_cluster, workdir, m
         start = run.sink.start
 
         def recording(batch, info, submit):  # what the trainer is about to take from the store
-            trained.extend(ray.get(run.store.peek.remote(list(batch.rewards)), timeout=60))
+            trained.extend(t.as_dict() for t in ray.get(run.store.peek.remote(list(batch.rewards)), timeout=60))
             start(batch, info, submit)
         run.sink.start = recording
 

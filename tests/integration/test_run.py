@@ -244,13 +244,13 @@ def ledger_restorable(out: Path) -> set[str]:
     import json
     import sqlite3
 
-    from rlflow.runtime.ledger import span
+    from rlflow.stages.trajectory import Trajectory
 
     ckpt = json.loads((out / "state.json").read_text())["step"]
     rows = sqlite3.connect(out / "ledger.sqlite").execute(
         "select g.gid, g.v_traj, p.rows from payloads p join groups g on g.gid = p.gid "
         "where g.state = 'buffered' or (g.state = 'trained' and g.step > ?)", (ckpt,)).fetchall()
-    return {gid for gid, v, members in rows if v <= ckpt and all(span(m)[1] <= ckpt for m in json.loads(members))}
+    return {gid for gid, v, members in rows if v <= ckpt and all(Trajectory.from_dict(m).version_span()[1] <= ckpt for m in json.loads(members))}
 
 
 def trained_per_step(out: Path) -> dict[int, list[str]]:
@@ -431,7 +431,7 @@ def small_chunk_hf(model_dir, **kwargs):
 @pytest.mark.parametrize("variant", [pytest.param("as_planned", marks=pytest.mark.slow), "migrating"])  # as planned: test_pipeline_runs_end_to_end[staleflow]
 def test_staleflow_runs_through_the_rollout_coordinator(variant, ray_cluster, workdir, monkeypatch):
     """staleflow.yaml selects cost-model routing, throughput-aware sync with partial rollout and threshold
-    migration: routing, sync and migration go through the rollout coordinator (staleflow.txt §5.2,
+    migration: routing, sync and migration go through the rollout coordinator (StaleFlow §5.2,
     Algorithm 1), every snapshot validates against the speculative state (Eq. 1), and the invariants hold.
 
     On the tiny model most answers finish within one 16-token engine step, so snapshots rarely find work
@@ -477,7 +477,7 @@ def record_placements(run) -> list:
 
 def test_streamrl_dispatches_the_predicted_long_tail_to_its_own_instance(ray_cluster, workdir):
     """streamrl.yaml: the learned ranker refits from completed groups, Algorithm 2 splits the two
-    instances into a long-tail and a regular lane, and every group runs in its lane (streamrl.txt §5.3)."""
+    instances into a long-tail and a regular lane, and every group runs in its lane (StreamRL §5.3)."""
     from rlflow.runtime.driver import Run
 
     recorded: dict = {}  # placed: (lane, instance) of each group, from record_placements

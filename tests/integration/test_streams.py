@@ -165,7 +165,7 @@ def put_group(store, gid: str, completions: list[str], *, stage="score", task="a
 
     row = {"prompt": "1+1=", "answer": "2", **row}
     trajs = [Trajectory(group_id=gid, index=i, prompt="1+1=", answer="2", prompt_ids=[1], completion=c, task=task,
-                        row=row).as_dict() for i, c in enumerate(completions)]
+                        row=row) for i, c in enumerate(completions)]
     ray.get(store.put.remote(trajs))
     ray.get(store.enqueue_group.remote(stage, [f"{gid}/{i}" for i in range(len(completions))]))
 

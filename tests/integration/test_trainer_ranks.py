@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from trainer_batches import GROUP, build_tiny_llama, completion_logprobs, load_hf, make_batch
 
+from rlflow.runtime.messages import TrainStep
+
 pytestmark = pytest.mark.integration
 
 
@@ -57,9 +59,10 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
             return {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}
 
         before = weights(version)
-        ray.get(store.put.remote([t.as_dict() for t in trajs]))
+        ray.get(store.put.remote(trajs))
         rewards = {t.traj_id: t.reward for t in trajs}
-        metrics = ray.get(leader.train.remote(list(rewards), rewards, GROUP, version), timeout=300)
+        result = ray.get(leader.train.remote(TrainStep(rewards, GROUP, version)), timeout=300)
+        metrics = {**result.metrics, "ranks": result.ranks}
         if save_to:
             ray.get(leader.save.remote(str(save_to), "step-1", {"step": 1}), timeout=300)
         after = {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}

@@ -1,4 +1,4 @@
-"""The closed-form mean staleness of queue-drop (staleness-model.md)."""
+"""The closed-form mean staleness of queue-drop (docs/concepts/staleness.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ def test_eq2_latency_rounds():
 
 
 def test_figure6_example_two_long_tail_samples_get_a_dedicated_instance():
-    # streamrl.txt Figure 6: DP = 2, 2 long-tail samples twice as long as 64 regular ones
+    # StreamRL Figure 6: DP = 2, 2 long-tail samples twice as long as 64 regular ones
     prompts = [f"p{j}" for j in range(66)]
     lengths = [200] * 2 + [100] * 64
     ptl = lambda bs: 1.0 + 0.02 * max(0, bs - 8)  # noqa: E731  memory-bound up to 8, then linear

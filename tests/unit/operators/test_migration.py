@@ -1,4 +1,4 @@
-"""Migration strategies: StaleFlow thresholds (Algorithm 5) and Laminar best-fit repack (laminar.txt Algorithm 1)."""
+"""Migration strategies: StaleFlow thresholds (Algorithm 5) and Laminar best-fit repack (Laminar Algorithm 1)."""
 
 from rlflow.operators.migration import RepackMove, migrate_repack, migrate_threshold, repack_plan
 from rlflow.operators.routing import CostModel

@@ -1,4 +1,4 @@
-"""Routing strategies on hand-worked snapshots (staleflow.txt §5.3, Algorithms 2-3)."""
+"""Routing strategies on hand-worked snapshots (StaleFlow §5.3, Algorithms 2-3)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

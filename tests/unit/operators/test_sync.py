@@ -1,4 +1,4 @@
-"""Synchronization strategies (staleflow.txt §5.3, Algorithm 4; Laminar per-instance; global barrier)."""
+"""Synchronization strategies (StaleFlow §5.3, Algorithm 4; Laminar per-instance; global barrier)."""
 
 from functools import partial
 

@@ -19,6 +19,7 @@ from rlflow.runtime.evaluation import (
     pass_at_k,
     summarize,
 )
+from rlflow.runtime.messages import EvalPrompt, EvalTask
 from rlflow.stages.tasks import repeat
 
 
@@ -118,9 +119,9 @@ class FakeEngine:
 
 
 def test_evaluate_greedy_then_samples_on_the_engine():
-    rows = [{"prompt": f"{i}", "answer": "x" * (i + 1), "prompt_ids": [1, 2], "answer_tokens": i + 1} for i in range(6)]
+    rows = [EvalPrompt(f"{i}", "x" * (i + 1), {}, [1, 2], i + 1) for i in range(6)]
     engine = FakeEngine()
-    tasks = {"main": {"rows": rows, "reward_fn": lambda c, a: float(c == a), "temperature": 0.7, "max_new_tokens": 5}}
+    tasks = {"main": EvalTask(rows, lambda c, a: float(c == a), temperature=0.7, max_new_tokens=5)}
     m = evaluate(engine, tasks, k=2)
     assert m["eval/accuracy"] == 1.0 and m["eval/pass_at_2"] == 1.0 and m["eval/sample_reward_mean"] == 0.5
     assert m["eval/prompts"] == 6 and m["eval/reward_failed"] == 0
@@ -130,12 +131,12 @@ def test_evaluate_greedy_then_samples_on_the_engine():
 
 
 def test_evaluate_counts_a_failing_reward_as_zero():
-    rows = [{"prompt": "p", "answer": "a", "prompt_ids": [1], "answer_tokens": 1}]
+    rows = [EvalPrompt("p", "a", {}, [1], 1)]
 
     def broken(completion, answer):
         raise RuntimeError("boom")
 
-    m = evaluate(FakeEngine(), {"main": {"rows": rows, "reward_fn": broken, "temperature": 1.0, "max_new_tokens": 4}}, k=1)
+    m = evaluate(FakeEngine(), {"main": EvalTask(rows, broken, temperature=1.0, max_new_tokens=4)}, k=1)
     assert m["eval/accuracy"] == 0.0 and m["eval/reward_failed"] == 2
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from rlflow.operators.policy import InvariantViolation
 from rlflow.runtime.ledger import TERMINAL, Ledger
 from rlflow.runtime.messages import Prompt
+from rlflow.stages.trajectory import Trajectory
 
 
 def prompt(task: str, n: int) -> Prompt:
@@ -93,18 +94,18 @@ def test_resume_replays_exactly_the_groups_not_finished(tmp_path_factory, moves,
 
 
 # ---------------------------------------------------------------------------------------------- buffered payloads
-def member(gid: str, i: int, version: int, seen: list[int] | None = None) -> dict:
-    """A Trajectory.as_dict() as the store holds it."""
-    return {"group_id": gid, "index": i, "prompt": "p", "answer": "a", "prompt_ids": [1, 2], "completion_ids": [3, 4],
-            "behaviour_logprobs": [-0.5, -0.25], "version": version, "versions_seen": seen or [version],
-            "finish_reason": "stop", "completion": "c", "reward": None, "task": "t", "row": {"k": 1}}
+def member(gid: str, i: int, version: int, seen: list[int] | None = None) -> Trajectory:
+    """A finished trajectory as the store holds it."""
+    return Trajectory(group_id=gid, index=i, prompt="p", answer="a", prompt_ids=[1, 2], completion_ids=[3, 4],
+                      behaviour_logprobs=[-0.5, -0.25], version=version, versions_seen=seen or [version],
+                      finish_reason="stop", completion="c", task="t", row={"k": 1})
 
 
-def buffer_group(led: Ledger, gid: str, version: int, seen: list[int] | None = None) -> list[dict]:
+def buffer_group(led: Ledger, gid: str, version: int, seen: list[int] | None = None) -> list[Trajectory]:
     rows = [member(gid, i, version, seen) for i in range(2)]
     led.state(gid, "generated", version)
     for r in rows:
-        led.finished(f"{gid}/{r['index']}", gid, version, 2)
+        led.finished(r.traj_id, gid, version, 2)
     led.buffered(gid, rows, {f"{gid}/{i}": float(i) for i in range(2)})
     return rows
 
@@ -129,7 +130,7 @@ def test_buffered_groups_generated_by_surviving_weights_are_restored_as_they_wer
     assert {p.n for p in resumed.replay} == {4, 5, 6, 7}
     r = restored["t-2"]
     assert (r.task, r.v_traj, r.rewards) == ("t", 1, {"t-2/0": 0.0, "t-2/1": 1.0})
-    assert r.rows == [member("t-2", 0, 1), member("t-2", 1, 1)] and r.prompt == prompt("t", 2)
+    assert r.members == [member("t-2", 0, 1), member("t-2", 1, 1)] and r.prompt == prompt("t", 2)
     db = Ledger(tmp_path, eta=2, fresh=False).db
     states = dict(db.execute("select gid, state from groups where gid in ('t-2', 't-3')").fetchall())
     assert states == {"t-2": "buffered", "t-3": "buffered"}  # no longer trained; attempt unchanged

@@ -8,6 +8,7 @@ import pytest
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.messages import Prompt, ScoredBatch
+from rlflow.stages.trajectory import Trajectory
 
 
 class Remote:
@@ -24,8 +25,9 @@ class FakeStore:
         self.discard = Remote(lambda tids: [self.payloads.pop(t, None) for t in tids])
 
 
-def member(gid: str, i: int, version: int) -> dict:
-    return {"group_id": gid, "index": i, "version": version, "versions_seen": [version], "completion_ids": [1]}
+def member(gid: str, i: int, version: int) -> Trajectory:
+    return Trajectory(group_id=gid, index=i, prompt="p", answer="a", prompt_ids=[1], completion_ids=[1],
+                      version=version, versions_seen=[version])
 
 
 def batch(gid: str, rewards: list[float], version: int) -> ScoredBatch:

@@ -194,7 +194,7 @@ def test_coordinator_knobs_reach_the_simulator_and_the_runtime():
     for c in (sim_cfg, run_cfg, plan_coordination(plan).config()):
         assert (c.mu, c.phi_wait, c.phi_throughput) == (0.5, 1, 2.0)
     default = plan_coordination(_plan(STALEFLOW)).config()
-    assert (default.mu, default.phi_wait, default.phi_throughput) == (0.3, 3, 5.0)  # staleflow.txt §6.1
+    assert (default.mu, default.phi_wait, default.phi_throughput) == (0.3, 3, 5.0)  # StaleFlow §6.1
 
 
 @pytest.mark.parametrize("knob, value", [("mu", "1.5"), ("phi_wait", "-1"), ("phi_throughput", "0.5")])

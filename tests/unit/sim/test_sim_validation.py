@@ -1,4 +1,4 @@
-"""The simulator against the closed-form staleness model (staleness-model.md), and the queue-max length bias.
+"""The simulator against the closed-form staleness model (docs/concepts/staleness.md), and the queue-max length bias.
 
 The full grid lives in benchmarks/sim_validation.py; this pins a representative subset.
 """

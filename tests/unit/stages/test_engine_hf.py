@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import numpy as np  # noqa: E402
 from engine_helpers import mixed_rows, perturbed_state, reference_logprobs, run_to_idle, trajectories  # noqa: E402
 
-from rlflow.stages.engine import RolloutEngine  # noqa: E402
+from rlflow.stages.engine import EngineSnapshot, RolloutEngine  # noqa: E402
 from rlflow.stages.engine_hf import HFEngine, sample  # noqa: E402
 from rlflow.stages.trajectory import Trajectory  # noqa: E402
 
@@ -21,8 +21,8 @@ def test_is_a_rollout_engine(repeat_model_dir):
     engine = HFEngine(repeat_model_dir, instance_id=3)
     assert isinstance(engine, RolloutEngine)
     assert engine.version == 0 and engine.idle
-    assert engine.snapshot() == {"instance": 3, "version": 0, "kv_cache": 0, "run_trajs": [], "wait_trajs": [],
-                                 "complete_trajs": 0, "max_running": 64}
+    assert engine.snapshot() == EngineSnapshot(instance=3, version=0, kv_cache=0, run_trajs=[], wait_trajs=[],
+                                               complete_trajs=0, max_running=64)
 
 
 def test_behaviour_logprobs_match_a_fresh_forward_pass(repeat_model_dir):
@@ -66,12 +66,12 @@ def test_interrupt_returns_partial_and_resume_elsewhere_continues_it(repeat_mode
     for traj in batch:
         first.start(traj)
     first.step()
-    running = first.snapshot()["run_trajs"]
+    running = first.snapshot().run_trajs
     assert running, "every trajectory finished within one chunk of 2 tokens"
     partial = first.interrupt(running[0])
     assert partial.finish_reason == "interrupt" and partial.instance == 0
     assert len(partial.completion_ids) == 2 == len(partial.behaviour_logprobs)
-    assert partial.traj_id not in first.snapshot()["run_trajs"]
+    assert partial.traj_id not in first.snapshot().run_trajs
     assert first.interrupt(partial.traj_id) is None and first.interrupt("nope/0") is None
     head = list(partial.completion_ids)
 
@@ -91,10 +91,10 @@ def test_interrupting_a_waiting_trajectory_returns_it_untouched(repeat_model_dir
     a, b = trajectories(engine.tokenizer, mixed_rows(2))
     engine.start(a)
     engine.start(b)
-    assert engine.snapshot()["wait_trajs"] == [a.traj_id, b.traj_id]
+    assert engine.snapshot().wait_trajs == [a.traj_id, b.traj_id]
     taken = engine.interrupt(b.traj_id)
     assert taken is b and b.completion_ids == [] and b.finish_reason == "interrupt"
-    assert engine.snapshot()["wait_trajs"] == [a.traj_id]
+    assert engine.snapshot().wait_trajs == [a.traj_id]
 
 
 def test_abort_frees_the_slot(repeat_model_dir):
@@ -104,18 +104,18 @@ def test_abort_frees_the_slot(repeat_model_dir):
         engine.start(traj)
     engine.step()
     snap = engine.snapshot()
-    live = snap["run_trajs"]
-    assert len(live) + snap["complete_trajs"] == 2 and snap["wait_trajs"] == [c.traj_id]
+    live = snap.run_trajs
+    assert len(live) + snap.complete_trajs == 2 and snap.wait_trajs == [c.traj_id]
     assert live, "both admitted trajectories stopped after one token (seeded: should not happen)"
     assert engine.abort(live[0]) is True
-    assert live[0] not in engine.snapshot()["run_trajs"]
+    assert live[0] not in engine.snapshot().run_trajs
     assert engine.abort(live[0]) is False and engine.abort("nope/0") is False
     engine.step()  # the freed slot admits the waiting trajectory
     snap = engine.snapshot()
-    assert snap["wait_trajs"] == [] and len(c.completion_ids) == 1 and len(snap["run_trajs"]) <= 2
+    assert snap.wait_trajs == [] and len(c.completion_ids) == 1 and len(snap.run_trajs) <= 2
     done = run_to_idle(engine)
     assert live[0] not in {t.traj_id for t in done}
-    assert engine.snapshot()["complete_trajs"] == 2
+    assert engine.snapshot().complete_trajs == 2
 
 
 def test_load_weights_switches_the_policy_and_records_the_version(repeat_model_dir):
@@ -132,7 +132,7 @@ def test_load_weights_switches_the_policy_and_records_the_version(repeat_model_d
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read-only arrays must copy without a warning
         engine.load_weights(state, version=1)
-    assert engine.version == 1 and engine.snapshot()["version"] == 1
+    assert engine.version == 1 and engine.snapshot().version == 1
 
     fresh = trajectories(engine.tokenizer, mixed_rows(6), group="n")
     for traj in fresh:
@@ -189,11 +189,11 @@ def test_snapshot_stays_consistent_while_running(repeat_model_dir):
     while not engine.idle:
         finished += len(engine.step())
         snap = engine.snapshot()
-        assert snap["instance"] == 2 and snap["max_running"] == 4 and snap["complete_trajs"] == finished
-        assert len(snap["run_trajs"]) <= 4 and not set(snap["run_trajs"]) & set(snap["wait_trajs"])
-        assert snap["kv_cache"] == sum(len(by_id[i].prompt_ids) + len(by_id[i].completion_ids) for i in snap["run_trajs"])
-        assert len(snap["run_trajs"]) + len(snap["wait_trajs"]) + finished == len(batch)
-    assert finished == len(batch) and engine.snapshot()["kv_cache"] == 0
+        assert snap.instance == 2 and snap.max_running == 4 and snap.complete_trajs == finished
+        assert len(snap.run_trajs) <= 4 and not set(snap.run_trajs) & set(snap.wait_trajs)
+        assert snap.kv_cache == sum(len(by_id[i].prompt_ids) + len(by_id[i].completion_ids) for i in snap.run_trajs)
+        assert len(snap.run_trajs) + len(snap.wait_trajs) + finished == len(batch)
+    assert finished == len(batch) and engine.snapshot().kv_cache == 0
 
 
 def test_top_p_samples_inside_the_nucleus_but_records_untruncated_logprobs():

@@ -98,9 +98,9 @@ def test_is_a_rollout_engine_and_reports_scheduler_stats(engines):
     engine = engines.engines["untied"]
     assert isinstance(engine, RolloutEngine) and engine.idle
     snap = engine.snapshot()
-    assert {k: snap[k] for k in ("instance", "run_trajs", "wait_trajs", "max_running")} == {
+    assert {k: getattr(snap, k) for k in ("instance", "run_trajs", "wait_trajs", "max_running")} == {
         "instance": 0, "run_trajs": [], "wait_trajs": [], "max_running": 4}
-    assert set(snap["scheduler"]) == {"running", "waiting", "kv_cache_usage"}
+    assert set(snap.scheduler) == {"running", "waiting", "kv_cache_usage"}
 
 
 @pytest.mark.parametrize("name", ["untied", "tied"])
@@ -137,7 +137,7 @@ def test_weight_update_in_flight_switches_logprobs_to_the_new_weights(engines, n
     engine.step()
     engine.load_weights(state, version=v0 + 1)
     engines.models[name] = new_model
-    assert engine.version == v0 + 1 and engine.snapshot()["version"] == v0 + 1
+    assert engine.version == v0 + 1 and engine.snapshot().version == v0 + 1
     fresh = trajectories(engine.tokenizer, mixed_rows(6), group=f"nw-{name}")
     for traj in fresh:
         engine.start(traj)
@@ -212,18 +212,18 @@ def test_abort_frees_the_slot(engines):
     for _ in range(200):
         done += engine.step()
         snap = engine.snapshot()
-        if len(snap["run_trajs"]) == 4:
+        if len(snap.run_trajs) == 4:
             break
-    assert len(snap["run_trajs"]) == 4 and len(snap["wait_trajs"]) == 2, snap
-    victim = snap["run_trajs"][0]
+    assert len(snap.run_trajs) == 4 and len(snap.wait_trajs) == 2, snap
+    victim = snap.run_trajs[0]
     assert engine.abort(victim) is True
-    assert victim not in engine.snapshot()["run_trajs"]
+    assert victim not in engine.snapshot().run_trajs
     assert engine.abort(victim) is False and engine.abort("nope/0") is False
     for _ in range(200):  # vLLM admits a waiting request into the freed slot
         done += engine.step()
-        if len(engine.snapshot()["wait_trajs"]) <= 1:
+        if len(engine.snapshot().wait_trajs) <= 1:
             break
-    assert len(engine.snapshot()["wait_trajs"]) <= 1
+    assert len(engine.snapshot().wait_trajs) <= 1
     done += run_to_idle(engine, limit=4000)
     assert sorted(t.traj_id for t in done) == sorted(t.traj_id for t in batch if t.traj_id != victim)
 

@@ -41,6 +41,6 @@ def test_vllm_engine_reports_version_and_checksum_of_a_complete_reload(tmp_path)
         assert len(run_to_idle(engine, limit=2000)) == 2  # still generates after the reload
 
         untied_head = dict(sent, **{"lm_head.weight": sent["lm_head.weight"] + 1})  # vLLM would use the embedding
-        assert engine.load_weights(untied_head, version=4)["checksum"] != checksum(untied_head)
+        assert engine.load_weights(untied_head, version=4).checksum != checksum(untied_head)
     finally:
         engine.close()

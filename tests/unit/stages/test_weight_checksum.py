@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 
 from rlflow.errors import RunFailed  # noqa: E402
 from rlflow.stages.checksum import checksum  # noqa: E402
+from rlflow.stages.engine import WeightsLoaded  # noqa: E402
 
 
 def state(seed: int = 0) -> dict[str, np.ndarray]:
@@ -131,22 +132,22 @@ def test_hf_engine_reports_the_version_and_the_checksum_it_holds(repeat_model_di
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read-only views copy in without a warning
         loaded = engine.load_weights(sent, version=4)
-    assert loaded == {"version": 4, "checksum": checksum(sent)}
+    assert loaded == WeightsLoaded(4, checksum(sent))
     held = {k: v for k, v in engine.model.state_dict().items() if k in sent}
-    assert checksum(held) == loaded["checksum"]  # read back from the parameters
+    assert checksum(held) == loaded.checksum  # read back from the parameters
 
 
 @pytest.mark.parametrize("engine_cls", [SkipsOne, CorruptsOne])
 def test_hf_engine_reads_back_what_it_holds(engine_cls, repeat_model_dir, sent):
     loaded = engine_cls(repeat_model_dir).load_weights(sent, version=2)
-    assert loaded["version"] == 2 and loaded["checksum"] != checksum(sent)
+    assert loaded.version == 2 and loaded.checksum != checksum(sent)
 
 
 def test_hf_engine_in_another_dtype_verifies_against_the_converted_source(repeat_model_dir, sent):
     engine = HFEngine(repeat_model_dir, dtype="bfloat16")
-    assert engine.load_weights(sent, version=1)["checksum"] == checksum(sent)
+    assert engine.load_weights(sent, version=1).checksum == checksum(sent)
     bad = CorruptsOne(repeat_model_dir, dtype="bfloat16").load_weights(sent, version=1)
-    assert bad["checksum"] != checksum(sent)
+    assert bad.checksum != checksum(sent)
 
 
 # ---------------------------------------------------------------------------------------- the driver's check
@@ -154,13 +155,13 @@ def test_verify_loaded_names_stage_instance_version_and_both_checksums():
     from rlflow.runtime.parameter_server import Published, verify_loaded
 
     sent = Published(3, ["ref"], "b2m1:aaaa")
-    verify_loaded("rollout", 1, sent, {"version": 3, "checksum": "b2m1:aaaa"})
+    verify_loaded("rollout", 1, sent, WeightsLoaded(3, "b2m1:aaaa"))
     with pytest.raises(RunFailed) as err:
-        verify_loaded("rollout", 1, sent, {"version": 3, "checksum": "b2m1:bbbb"})
+        verify_loaded("rollout", 1, sent, WeightsLoaded(3, "b2m1:bbbb"))
     for part in ("rollout stage 'rollout' instance 1", "version 3", "b2m1:aaaa", "b2m1:bbbb"):
         assert part in str(err.value)
     with pytest.raises(RunFailed, match=r"instance 1 was sent weights version 3 but reports it loaded version 2"):
-        verify_loaded("rollout", 1, sent, {"version": 2, "checksum": "b2m1:aaaa"})
+        verify_loaded("rollout", 1, sent, WeightsLoaded(2, "b2m1:aaaa"))
     with pytest.raises(RunFailed, match="reported no load"):
         verify_loaded("rollout", 1, sent, None)
 
@@ -170,4 +171,4 @@ def test_verify_loaded_fails_on_parameters_an_engine_did_not_load():
 
     with pytest.raises(RunFailed, match=r"instance 0 loaded weights version 5 but its engine did not load 1 of its"):
         verify_loaded("gen", 0, Published(5, ["ref"], "b2m1:aaaa"),
-                      {"version": 5, "checksum": "b2m1:aaaa", "missing": ["model.norm.weight"]})
+                      WeightsLoaded(5, "b2m1:aaaa", ["model.norm.weight"]))
