@@ -56,6 +56,14 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
     return tokens.squeeze(1), logp.gather(1, tokens).squeeze(1)
 
 
+def cache_keyword(model) -> str:
+    """The forward argument that takes the KV cache: `cache` from transformers 5.24 on, which warns (FutureWarning,
+    before nearly every step) when given `past_key_values`; `past_key_values` before it."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFEngine(RolloutEngine):
     """Batched sampling with a shared KV cache on transformers; fp32 on CPU by default."""
 
@@ -106,6 +114,7 @@ class HFEngine(RolloutEngine):
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
         self.model = model.to(self.device).eval()
         self.model.requires_grad_(False)
+        self._cache_kw = cache_keyword(self.model)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(
@@ -189,7 +198,7 @@ class HFEngine(RolloutEngine):
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 position_ids=positions.to(self.device),
-                past_key_values=cache,
+                **{self._cache_kw: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -224,7 +233,7 @@ class HFEngine(RolloutEngine):
             input_ids=inputs,
             attention_mask=self._mask,
             position_ids=positions,
-            past_key_values=self._cache,
+            **{self._cache_kw: self._cache},
             use_cache=True,
         )
         tokens, logprobs = sample(out.logits[:, -1, :], self.temperature, self.top_p, self.generator)

@@ -204,3 +204,14 @@ def test_top_p_samples_inside_the_nucleus_but_records_untruncated_logprobs():
     np.testing.assert_allclose(logprobs.numpy(), np.log(np.array([0.5, 0.3]))[tokens.numpy()], rtol=1e-5)
     greedy, greedy_logprobs = sample(logits[:2], temperature=0.0, top_p=1.0, generator=gen)
     assert greedy.tolist() == [0, 0] and np.allclose(greedy_logprobs.numpy(), np.log(0.5))
+
+
+def test_generation_raises_no_future_warning(repeat_model_dir):
+    """The KV cache goes to the forward under the name the installed transformers takes (`cache` from 5.24), so no
+    deprecation warning is printed before every step of a run."""
+    engine = HFEngine(repeat_model_dir, max_running=4, chunk_size=3, max_new_tokens=8, temperature=1.0)
+    for traj in trajectories(engine.tokenizer, mixed_rows(6)):
+        engine.start(traj)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert len(run_to_idle(engine)) == 6
