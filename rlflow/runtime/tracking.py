@@ -1,13 +1,20 @@
-"""MLflow for `rlflow run`: one run, params from the plan, metrics in batches, plots as artifacts."""
+"""MLflow for `rlflow run`: one run, params from the plan, metrics in batches, plots as artifacts.
+
+The run is named after the pipeline and its start (`quickstart-20261126-031502`, UTC) unless
+tracking.mlflow.run_name names it; metrics get their grouped names at this boundary (metric_names.py).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rlflow.plan_model import Plan
+from rlflow.runtime import metric_names
 
 
 def _flatten(d, prefix=""):
@@ -19,6 +26,20 @@ def _flatten(d, prefix=""):
         else:
             out[key] = v
     return out
+
+
+def run_name(plan: Plan, now: float | None = None) -> str:
+    """tracking.mlflow.run_name, else the pipeline's name and the UTC start time: 'quickstart-20261126-031502'."""
+    name = plan.pipeline["tracking"]["mlflow"]["run_name"]
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%d-%H%M%S")
+    return name or f"{plan.name}-{stamp}"
+
+
+def params_of(plan: Plan) -> dict[str, str]:
+    """The resolved pipeline, flattened, as MLflow params; unset fields (None) are left out."""
+    params = {k: str(v)[:500] for k, v in _flatten(plan.pipeline).items() if v is not None}
+    params["control.staleness"] = json.dumps(plan.staleness.model_dump(mode="json", exclude_unset=True))
+    return params
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -60,28 +81,40 @@ class Tracker:
         self.uri = uri
         with store_lock(uri):  # the first use creates (or migrates) the store and the experiment
             mlflow.set_experiment(spec["experiment"] or plan.name)
-        run = mlflow.start_run(run_id=run_id, run_name=spec["run_name"]) if run_id else mlflow.start_run(run_name=spec["run_name"])
+        # a resumed run continues its own MLflow run (by id), under the name it started with
+        run = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=run_name(plan))
         self.run_id = run.info.run_id
         self.client = mlflow.tracking.MlflowClient()
         self._pending = []
+        self._per_task = len(plan.tasks) > 1  # one task type: its task/<task>/ numbers are the whole batch's
+        self._moved: set[str] = set()  # counters that have been non-zero: logged at every step from then on
         if run_id is None:
-            params = {k: str(v)[:500] for k, v in _flatten(plan.pipeline).items()}
-            params["control.staleness"] = json.dumps(plan.staleness.model_dump(mode="json", exclude_unset=True))
-            items = list(params.items())
+            items = list(params_of(plan).items())
             for i in range(0, len(items), 100):
                 mlflow.log_params(dict(items[i:i + 100]))
             self.log_json("plan.json", plan.raw)
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        import time
-
+        """A row's numbers under their MLflow names (metric_names.py) at `step`: step and version are the axis, not
+        metrics; a counter is left out until its first non-zero value; start-up times (`startup/<mark>_s`) become
+        tags."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         for k, v in metrics.items():
             if v is None or isinstance(v, (str, bool)):
                 continue
-            self._pending.append(Metric(k, float(v), now, step))
+            if tag := metric_names.startup_tag(k):
+                self.mlflow.set_tag(tag, f"{v:.2f}")
+                continue
+            name = metric_names.mlflow_key(k, per_task=self._per_task)
+            if name is None:
+                continue
+            if metric_names.sparse(k) and name not in self._moved:
+                if not v:
+                    continue
+                self._moved.add(name)
+            self._pending.append(Metric(name, float(v), now, step))
         if len(self._pending) >= 200:
             self.flush()
 
