@@ -1,6 +1,6 @@
 """mkdocs hook: the reference pages are generated from the code at every build, so they never go stale.
 
-A page holds a marker where generated text goes: `<!-- rlflow:cli -->` (the argparse parser behind `rlflow`),
+A page holds a marker where generated text goes: `<!-- rlflow:cli -->` (the typer app behind `rlflow`),
 `<!-- rlflow:schema -->` (the JSON Schema `rlflow schema` prints), `<!-- rlflow:errors -->` (the catalogue of
 invalid pipelines in tests/compile/invalid/, each validated here for the rules it breaks). The results pages
 include benchmarks/results/*.md through pymdownx.snippets; this hook also publishes the plots beside them.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 from functools import cache
 from pathlib import Path
@@ -30,15 +29,22 @@ def _cell(text) -> str:
 
 @cache
 def cli_markdown() -> str:
-    from rlflow.cli import _parser
+    """Each command's help as click formats it (plain text, 110 columns: a stable page), from the typer app."""
+    import typer
+    import typer._click as click
 
-    os.environ["COLUMNS"] = "110"  # argparse wraps help to the terminal width; fix it so the page is stable
-    parser = _parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    helps = {a.dest: a.help for a in sub._choices_actions}
+    from rlflow.cli import app
+
+    group = typer.main.get_command(app)
+    width = {"terminal_width": 110, "max_content_width": 110, "help_option_names": ["-h", "--help"]}
+    root = click.Context(group, info_name="rlflow", **width)
     out = []
-    for name, p in sub.choices.items():
-        out += [f"### `rlflow {name}`", "", _cell(helps.get(name) or ""), "", "```text", p.format_help().rstrip(), "```", ""]
+    for name, command in group.commands.items():
+        ctx = click.Context(command, info_name=name, parent=root, **width)
+        formatter = ctx.make_formatter()
+        click.Command.format_help(command, ctx, formatter)  # click's plain layout, not typer's rich panels
+        out += [f"### `rlflow {name}`", "", _cell(command.get_short_help_str(limit=300)), "", "```text",
+                formatter.getvalue().rstrip(), "```", ""]
     return "\n".join(out)
 
 

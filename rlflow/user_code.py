@@ -43,9 +43,12 @@ def search_dirs(base_dir: Path) -> list[tuple[str, Path]]:
 
 
 @contextlib.contextmanager
-def importable_from(base_dir: Path):
-    """Put the pipeline's directory and the working directory in front of sys.path, as Python does for a script."""
+def importable_from(base_dir: Path, also: list[str] = ()):
+    """Put the pipeline's directory and the working directory in front of sys.path, as Python does for a script;
+    `also`: more directories after them (a run's plan python_path, for `rlflow eval` of its export)."""
     dirs = search_dirs(base_dir)
+    dirs += [("where the run found its user code", Path(d).resolve()) for d in also
+             if all(Path(d).resolve() != seen for _, seen in dirs)]
     added = [str(d) for _, d in dirs if str(d) not in sys.path]
     sys.path[:0] = added
     importlib.invalidate_caches()  # a module written since the last import (a test, an editor) is seen

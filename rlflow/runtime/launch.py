@@ -29,7 +29,8 @@ from rlflow.plan_model import Plan
 from rlflow.runtime import reaper, run_lock, stop_signal
 
 RUNS_DIR = Path(".rlflow") / "runs"
-RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time
+RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time, overrides
+RUN_PLAN_FILE = "plan.json"  # in each run directory: the plan it ran, overrides applied
 STATE_FILE = "state.json"  # the checkpoint's state file, unless rlflow/runtime/checkpoint.py names another
 LATEST = "latest"  # `--resume` with no run named
 
@@ -67,7 +68,8 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def new_run_dir(plan: Plan, root: Path = RUNS_DIR) -> Path:
-    """A fresh run directory for `plan`, with its run.json written (created atomically: never reused)."""
+    """A fresh run directory for `plan`, with its run.json written (created atomically: never reused) and the plan
+    it runs (plan.json: with the overrides `rlflow run --set` gave this run alone, which run.json lists)."""
     base = Path(root) / plan.name
     base.mkdir(parents=True, exist_ok=True)
     while True:
@@ -78,8 +80,9 @@ def new_run_dir(plan: Plan, root: Path = RUNS_DIR) -> Path:
         except FileExistsError:
             continue
     info = {"run_id": run_id, "pipeline": plan.name, "source": plan.source, "started": time.time(),
-            "started_utc": datetime.now(UTC).isoformat(timespec="seconds")}
+            "started_utc": datetime.now(UTC).isoformat(timespec="seconds"), "overrides": list(plan.overrides)}
     (base / run_id / RUN_FILE).write_text(json.dumps(info, indent=2))
+    (base / run_id / RUN_PLAN_FILE).write_text(json.dumps(plan.raw, indent=2) + "\n")
     return base / run_id
 
 
@@ -270,7 +273,13 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         os.environ.setdefault(k, v)
     import ray
 
+    from rlflow.runtime import run_summary
     from rlflow.runtime.driver import Run
+    from rlflow.runtime.run_log import RunLog
+
+    run_log = RunLog()  # known-harmless lines of Ray and MLflow: to <run dir>/run.log, not the terminal (run_log.py)
+    owned.callback(run_log.close)
+    run_log.divert_logging("ray")
 
     # after `import ray` and the driver, joined after ray.init (which mostly waits on its processes): transformers
     # is a lazy module, and a second thread using it half-imported fails with "cannot import name"
@@ -301,7 +310,9 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
                      log_to_driver=True)
             # Ray's agents outlive a killed driver by a minute or more; the reaper ends them (reaper.py)
             owned.callback(reaper.stop, reaper.start(ray.get_runtime_context().get_node_id()))
+    run_log.divert_worker_output()
     importing.join(IMPORT_TIMEOUT_S)
+    run_log.divert_logging("mlflow")  # its handler exists once it is imported
     if importing.is_alive():
         log(f"transformers and MLflow still importing after {IMPORT_TIMEOUT_S:g} s (a slow disk?); going on")
     clock.mark("ray")
@@ -310,6 +321,7 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         out_dir = run_dir or new_run_dir(plan, root)
         if run_dir is None:  # a fresh directory has no checkpoint: no --resume can have taken it since its mkdir
             owned.enter_context(run_lock.acquire(out_dir, source=plan.source, log=log))
+        run_log.attach(out_dir)
         log(f"{'resuming' if resume else 'run'} directory: {out_dir}")
         run = Run(plan, out_dir=out_dir, resume=bool(resume), log=log, clock=clock)
     except BaseException:
@@ -320,7 +332,8 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         run.run()
         summary = run.summary() | {"stopped": run.stop_requested, "run_dir": str(out_dir),
                                    "stopped_by": signal.Signals(run.stop_signal).name if run.stop_signal else None,
-                                   "checkpoint": str(out_dir / "checkpoint")}
+                                   "checkpoint": str(out_dir / "checkpoint"),
+                                   "mlflow_uri": getattr(getattr(run, "tracker", None), "uri", None)}
     finally:
         if started:
             ray.shutdown()
@@ -331,7 +344,7 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         log(f"measured on the last {measured['groups']} trained groups: mean length {measured['mean_length']:g}, "
             f"tailness {measured['tailness']:g}, prompt_share {measured['prompt_share']:g}; to simulate or tune with "
             f"them: {as_overrides(measured)}")
-    if summary["stopped"]:
-        log(f"stopped at step {summary['steps']}; resume with: rlflow run --resume "
-            f"(the newest run), or --resume {out_dir.name} (this one)")
+    run_summary.write(summary, out_dir)
+    for line in run_summary.describe(summary, plan.trainer.steps):
+        log(line)
     return summary

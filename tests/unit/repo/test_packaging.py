@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import venv
 import zipfile
@@ -61,6 +62,10 @@ def installed(wheel, tmp_path_factory) -> Path:
     rlflow shadows the editable one."""
     env_dir = tmp_path_factory.mktemp("venv")
     venv.create(env_dir, with_pip=True, system_site_packages=True)
+    # and this environment's packages after its own (typer, rich: the base interpreter need not have them); a
+    # path line in a .pth does not run that directory's .pth files, so the editable rlflow stays out
+    site = env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "test_env_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--quiet", str(wheel)],
                    check=True, capture_output=True)
     return env_dir

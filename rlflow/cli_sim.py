@@ -1,0 +1,209 @@
+"""`rlflow simulate`, `tune` and `profile`: the plan in the discrete-event simulator, the GPU split it recommends,
+and the cost model fitted to an engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+
+from rlflow.cli_options import EXIT_OK, Bare, PipelineFile, PlanFile, Sets, overrides_of
+from rlflow.errors import PipelineInvalid
+
+if TYPE_CHECKING:
+    from rlflow.plan_model import Plan
+
+PROFILE_HELP = "cost-model profile JSON (default: the plan's, else StaleFlow Table 4)"
+
+
+def _simulable(plan: Plan) -> None:
+    """A plan the simulator cannot run as declared is refused (exit 2), not simulated otherwise."""
+    from rlflow.errors import Problem
+    from rlflow.sim.from_plan import ONE_STAGE_FIX, ONE_STAGE_RULE, not_simulable
+
+    why = not_simulable(plan)
+    if why:
+        raise PipelineInvalid(plan.source, [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
+
+
+def _stage_instances(config) -> str:
+    """'4 instances', or per rollout stage: 'gen_arith 1, gen_repeat 1 instance(s)'."""
+    if not config.stages:
+        return f"{config.instances} instances"
+    return ", ".join(f"{s.name} {s.instances}" for s in config.rollouts) + " instance(s)"
+
+
+def simulate(plan: PlanFile = None, bare: Bare = None,
+             steps: Annotated[int, typer.Option(help="training steps to simulate")] = 100,
+             mode: Annotated[Literal["slots", "cost_model"] | None, typer.Option(
+                 show_default=False, help="slots: the closed form's C slots at speed s_R; cost_model: StaleFlow's "
+                                          "per-instance cost model")] = None,
+             instances: Annotated[int | None, typer.Option(help="rollout instances (default: the plan's replicas)",
+                                                           show_default=False)] = None,
+             profile: Annotated[str | None, typer.Option(help=PROFILE_HELP, show_default=False)] = None,
+             train_tokens_per_s: Annotated[float | None, typer.Option(
+                 help="trainer throughput (default: workload block, else rho = 1)", show_default=False)] = None,
+             prompt_tokens: Annotated[int, typer.Option(help="prompt length held in the KV cache")] = 0,
+             seed: Annotated[int | None, typer.Option(show_default=False)] = None,
+             scale: Annotated[list[str] | None, typer.Option(
+                 "--scale", metavar="STEP:N", show_default=False,
+                 help="elastic rollout: N instances once STEP train steps have ended, as `rlflow scale` would ask "
+                      "(repeatable; cost_model mode)")] = None,
+             output: Annotated[str, typer.Option("-o", "--output", help="folder for the report")] = ".rlflow/sim",
+             sets: Sets = None) -> int:
+    """run the plan in the discrete-event simulator (any scale, seconds)"""
+    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan
+    from rlflow.errors import Problem
+    from rlflow.plan_model import Plan
+    from rlflow.sim import SimConfigError, SimulationStalled
+    from rlflow.sim import simulate as run_simulation
+    from rlflow.sim.from_plan import plan_rollouts, sim_config
+    from rlflow.sim.report import text_report, write_report
+
+    overrides = overrides_of(bare, sets)
+    if plan is not None and "=" in plan and not os.path.exists(plan):  # `rlflow simulate k=v`: an override
+        plan, overrides = None, [plan, *overrides]
+    typed = read_plan(plan or DEFAULT_PLAN)
+    if overrides:
+        typed = Plan.of(compile_pipeline(typed.source, typed.overrides + overrides, gpus_given(typed)))
+    _simulable(typed)
+    rollouts = [n for n, _ in plan_rollouts(typed)]
+    if instances is not None and len(rollouts) > 1:
+        raise PipelineInvalid(typed.source, [Problem(
+            ("--instances",), f"--instances {instances} is one count, but this plan has {len(rollouts)} rollout "
+            f"stages ({', '.join(rollouts)})", "instances-per-stage",
+            f"set each stage's count with --set stages.<name>.replicas=N (e.g. --set stages.{rollouts[0]}.replicas="
+            f"{instances}), or leave --instances out for the plan's replicas")])
+    scale = scale or []
+    try:
+        points = [tuple(int(x) for x in item.split(":")) for item in scale if item.count(":") == 1
+                  and all(x.strip().isdigit() for x in item.split(":"))]
+        if len(points) != len(scale):
+            raise ValueError(f"--scale: expected STEP:N (two whole numbers), got {', '.join(scale)}")
+        config, notes = sim_config(typed, steps=steps, mode=mode, instances=instances, profile=profile,
+                                   train_tokens_per_s=train_tokens_per_s, prompt_tokens=prompt_tokens, seed=seed,
+                                   scale=tuple(points))
+        for note in notes:
+            print(f"note: {note}")
+        print(f"simulating '{typed.name}': {config.steps} steps, {config.mode} mode, {_stage_instances(config)}, "
+              f"policy {config.policy}" + (f" eta={config.eta}" if config.eta is not None else ""), flush=True)
+        result = run_simulation(config)
+    except (SimConfigError, ValueError, SimulationStalled) as e:
+        raise PipelineInvalid(typed.source, [Problem(("simulate",), str(e), "bad-simulation",
+                                                     "see rlflow simulate --help")]) from None
+    for t, after, n, why in result.scale_events:
+        print(f"scale at {t:,.1f} s (after step {after}): {n} instance(s); {why}")
+    print(text_report(result))
+    pred = typed.prediction
+    if pred.get("available"):
+        print(f"plan's predicted mean staleness {pred['mean']:.3f} vs simulated {result.mean_staleness:.3f}")
+    text, png = write_report(result, output, stem=typed.name)
+    (text.parent / f"{typed.name}.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    print(f"wrote {text}, {png} and {text.with_suffix('.json')}")
+    return EXIT_OK
+
+
+def tune(pipeline: PipelineFile, bare: Bare = None,
+         gpus: Annotated[int, typer.Option(help="GPUs to split between rollout and training", show_default=False)] = ...,
+         steps: Annotated[int, typer.Option(help="training steps simulated per confirmed candidate")] = 30,
+         screen_steps: Annotated[int | None, typer.Option(
+             show_default=False, help="training steps of the screening runs that pick the candidates worth a full "
+                                      "run (default: a third of --steps, at least 5)")] = None,
+         batch_sizes: Annotated[str | None, typer.Option(
+             metavar="B1,B2,...", show_default=False,
+             help="also search these batch sizes (groups per training step); default: the plan's only, since a batch "
+                  "changes how many updates each sample gets, which the simulator cannot judge")] = None,
+         jobs: Annotated[int | None, typer.Option(help="simulations run at once, one process each (default: the CPU "
+                                                       "count)", show_default=False)] = None,
+         profile: Annotated[str | None, typer.Option(help=PROFILE_HELP, show_default=False)] = None,
+         gpus_per_instance: Annotated[int | None, typer.Option(
+             help="GPUs per rollout instance (default: the profile's)", show_default=False)] = None,
+         train_tokens_per_gpu: Annotated[float | None, typer.Option(
+             help="trainer tokens/s per GPU (default: balances an even split, an assumption it prints)",
+             show_default=False)] = None,
+         sets: Sets = None) -> int:
+    """recommend the rollout/train GPU split and staleness setting (closed form + simulator)"""
+    from rlflow.compiler import compile_pipeline
+    from rlflow.errors import Problem
+    from rlflow.plan_model import Plan
+    from rlflow.tune import TuneArgError, knob_name
+    from rlflow.tune import tune as search
+    from rlflow.tune_report import choose, overrides, table
+
+    given = overrides_of(bare, sets)
+    plan = Plan.of(compile_pipeline(pipeline, given))
+    _simulable(plan)
+    try:
+        batches = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
+    except ValueError:
+        raise PipelineInvalid(pipeline, [Problem(("--batch-sizes",), f"not comma-separated integers: {batch_sizes!r}",
+                                                 "bad-tune", "e.g. --batch-sizes 64,128,256")]) from None
+    try:
+        candidates, notes = search(plan, gpus=gpus, steps=steps, profile=profile, per_instance=gpus_per_instance,
+                                   train_tokens_per_gpu=train_tokens_per_gpu, screen_steps=screen_steps,
+                                   jobs=jobs or os.cpu_count() or 1, batch_sizes=batches)
+    except TuneArgError as e:
+        raise PipelineInvalid(pipeline, [Problem((e.option,), str(e), "bad-tune", "see rlflow tune --help")]) from None
+    except ValueError as e:  # the simulator's (SimConfigError: e.g. lengths that cannot fit the KV budget)
+        raise PipelineInvalid(pipeline, [Problem(("tune",), str(e), "bad-simulation", "see rlflow tune --help")]) from None
+    for note in notes:
+        print(f"note: {note}")
+    print("\n".join(table(candidates, knob_name(plan.staleness.kind))))
+    best = choose(candidates)
+    shipped = next((c for c in candidates if c.shipped and c.result), None)
+    print(f"\nrecommended: {best.rollout_gpus} rollout GPUs"
+          + (f" ({' + '.join(str(k * best.rollout_gpus // best.instances) for k in best.stages)} per rollout stage)"
+             if best.stages else "") + f", {best.train_gpus} training GPUs"
+          + (f", {knob_name(plan.staleness.kind)} {best.knob}" if best.knob is not None else "")
+          + f": {best.result['tokens_per_s']:,.0f} trained tokens/s, mean staleness {best.result['mean_staleness']:.2f}"
+          + (f" ({best.result['tokens_per_s'] / shipped.result['tokens_per_s']:.2f}x the shipped setting at an even split, "
+             f"max staleness within its {shipped.result['max_staleness']})" if shipped else ""))
+    if best.batch is not None:
+        print(f"note: the recommendation changes the batch from {plan.staleness.batch_size} to "
+              f"{best.batch} groups per step: each sample gets a different share of the updates, which the simulator "
+              "does not judge; check learning before keeping it")
+    line = " ".join(f"--set {o}" for o in [*given, *overrides(plan, best)])
+    print(f"rlflow compile {pipeline} {line}")
+    return EXIT_OK
+
+
+def profile(model: Annotated[str, typer.Option(help="builtin:tiny-llama or a local HF directory")] = "builtin:tiny-llama",
+            task: Annotated[str, typer.Option(help="built-in task the tiny model is warm-started on")] = "repeat",
+            engine: Annotated[str, typer.Option(help="engine name")] = "hf",
+            prompt: Annotated[str, typer.Option(help="prompt to generate from (long answers give clean steps)")] = "abc*16=",
+            batch_sizes: Annotated[str, typer.Option(help="comma-separated running-set sizes")] = "1,2,4,8,16,32",
+            output: Annotated[str, typer.Option("-o", "--output", help="profile JSON to write")]
+            = "configs/profiles/tiny-llama-hf.json") -> int:
+    """fit the cost model (k1..k5) to an engine's measured decode steps"""
+    from rlflow import registry
+    from rlflow.profile import fit_profile, machine, measure_engine, measure_pull, write_profile
+
+    sizes = [int(x) for x in batch_sizes.split(",")]
+    built = registry.resolve("model", model)(task=task) if model.startswith("builtin:") else model
+    extra = {"chunk_size": 2} if engine == "hf" else {}  # short chunks: more steps with no trajectory finishing
+    running = registry.resolve("engine", engine)(str(built), max_running=max(sizes), max_new_tokens=64, **extra)
+    ids = running.tokenizer(prompt)["input_ids"]
+    try:
+        fit = fit_profile(measure_engine(running, ids, batch_sizes=sizes))
+    except ValueError as e:
+        from rlflow.errors import Problem
+
+        raise PipelineInvalid("rlflow profile", [Problem(("--batch-sizes",), str(e), "too-few-samples",
+                                                          "pass more batch sizes, or a prompt with longer answers")]) from None
+    pull_s = measure_pull(running, built)
+    if hasattr(running, "close"):
+        running.close()
+    command = (f"rlflow profile --engine {engine} --model {model} --task {task} "
+               f"--prompt {shlex.quote(prompt)} --batch-sizes {batch_sizes} -o {output}")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    path = write_profile(fit, output, name=f"{engine}-{built.name if hasattr(built, 'name') else built}",
+                         engine=engine, model=model,
+                         source=f"measured {when} by `{command}` on {machine()}; fit R^2 = {fit['r2']:.3f}",
+                         max_running=max(sizes), kv_budget=max(sizes) * 512, pull_s=pull_s)
+    print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()) + f"  pull_s={pull_s:.3g}")
+    print(f"wrote {path}")
+    return EXIT_OK
