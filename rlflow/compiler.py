@@ -137,6 +137,18 @@ def _vllm_settings(actor: dict | None) -> str:
     return out + (", sleep mode" if kw.get("enable_sleep_mode") else "")
 
 
+def model_note(plan: dict) -> list[str]:
+    """What a built-in model is, and what it was warm-started on: a user's own task must not meet an unknown model
+    silently (builtin:tiny-llama knows only what it is warm-started on: rlflow/runtime/model.py warm_start_of)."""
+    if plan["pipeline"]["model"]["path"] != "builtin:tiny-llama":
+        return []
+    tasks = plan["tasks"].values()
+    files = [f"the training rows of {t['source']}" for t in tasks if not t["source"].startswith("builtin:")]
+    builtin = sorted({t["source"] for t in tasks if t["source"].startswith("builtin:")})
+    return [f"builtin:tiny-llama: a 0.6M-parameter Llama built on this machine (about a minute, then cached), "
+            f"warm-started on {', '.join(files + builtin)}"]
+
+
 def summary(plan: dict) -> str:
     """The plan as a person reads it before spending compute."""
     p = plan["pipeline"]
@@ -144,6 +156,7 @@ def summary(plan: dict) -> str:
     tasks = plan["tasks"]
     data = p["data"]["source"] or f"{len(tasks)} task types"
     lines.append(f"  model {p['model']['path']} ({p['model']['dtype']}, max_model_len {p['model']['max_model_len']}); data {data}")
+    lines += [f"    {line}" for line in model_note(plan)]
     rows = [["stage", "kind", "settings", "resources"]]
     for name in plan["graph"]["order"]:
         if name not in p["stages"]:

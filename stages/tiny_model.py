@@ -1,5 +1,8 @@
 """`builtin:tiny-llama`: a small Llama built and warm-started locally on a built-in task, then cached.
 
+With a pipeline's own data (`rows`: prompts and answers read from its task files), it is warm-started on those rows
+instead (supervised, on the training rows only), so a user's own task starts from a model that has seen its format.
+
 The result is a plain Hugging Face directory (LlamaForCausalLM, safetensors, fast tokenizer) that
 transformers and vLLM load. Head dim 64 because vLLM's CPU attention accepts only some head sizes.
 """
@@ -60,6 +63,9 @@ TASK_SETTINGS = {
     "calc": TinyLlamaSettings(sft_steps=75, max_new_tokens=16),
 }
 DEFAULT_SETTINGS = TinyLlamaSettings(sft_steps=300, max_new_tokens=48)
+# A pipeline's own rows: fewer steps than the built-in tasks get, so a warm start leaves RL room to improve
+DATA_SETTINGS = TinyLlamaSettings(sft_steps=150, max_new_tokens=48)
+DATA_EVAL_ROWS = 128  # rows of the data held aside from the warm start, for its accuracy report
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -71,10 +77,16 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path.home() / ".cache" / "rlflow" / "models"
 
 
-def _resolve(task: str, sft_steps: int | None) -> tuple[str, TinyLlamaSettings]:
+def _resolve(task: str, sft_steps: int | None, rows: list[dict] | None = None) -> tuple[str, TinyLlamaSettings]:
     """Task name without `builtin:` and its build settings. `a+b` warm-starts on several tasks at once
-    (a pipeline with several task types); it takes the default settings with the longest answers' budget."""
+    (a pipeline with several task types); it takes the default settings with the longest answers' budget. With a
+    pipeline's own `rows`, `task` is only the name (DATA_SETTINGS)."""
     from rlflow.registry import TASKS
+
+    if rows is not None:
+        if not rows:
+            raise ValueError("no rows to warm builtin:tiny-llama start on")
+        return task, DATA_SETTINGS if sft_steps is None else replace(DATA_SETTINGS, sft_steps=sft_steps)
 
     names = [t.removeprefix("builtin:") for t in task.split("+")]
     for name in names:
@@ -106,31 +118,34 @@ def task_rows(task: str, seed: int, count: int) -> list[dict]:
     return [row for rows in zip(*parts) for row in rows][:count]
 
 
-def model_dir(task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None) -> Path:
+def model_dir(task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None,
+              rows: list[dict] | None = None) -> Path:
     """The cache directory a build with these arguments lives in (built or not).
 
-    The key covers the build settings and a fingerprint of the task's rows, so changing a task's
-    generator never reuses a model warm-started on the old data.
+    The key covers the build settings and a fingerprint of the task's rows (of every row, for a pipeline's own
+    `rows`), so changing a task's generator or data never reuses a model warm-started on the old data.
     """
-    task, settings = _resolve(task, sft_steps)
-    rows = json.dumps(task_rows(task, seed, 64), sort_keys=True).encode()
-    key = hashlib.sha256(settings.key().encode() + rows).hexdigest()[:10]
+    task, settings = _resolve(task, sft_steps, rows)
+    sample = rows if rows is not None else task_rows(task, seed, 64)
+    key = hashlib.sha256(settings.key().encode() + json.dumps(sample, sort_keys=True).encode()).hexdigest()[:10]
     return cache_root(cache_dir) / f"tiny-llama-{task}-seed{seed}-{key}"
 
 
 def build_tiny_llama(
-    task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None, progress=print
+    task: str = "arith", *, cache_dir: str | os.PathLike | None = None, seed: int = 0, sft_steps: int | None = None,
+    rows: list[dict] | None = None, progress=print
 ) -> Path:
-    """Return the directory of a tiny Llama warm-started on `task`; build it (about a minute) on a cache miss."""
-    task, settings = _resolve(task, sft_steps)
-    final = model_dir(task, cache_dir=cache_dir, seed=seed, sft_steps=sft_steps)
+    """Return the directory of a tiny Llama warm-started on `task`, or on `rows` ({"prompt", "answer"}: a pipeline's
+    own training rows, `task` then only names them); build it (about a minute) on a cache miss."""
+    task, settings = _resolve(task, sft_steps, rows)
+    final = model_dir(task, cache_dir=cache_dir, seed=seed, sft_steps=sft_steps, rows=rows)
     if (final / "config.json").exists():
         return final
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{final.name}-", dir=root))
     try:
-        _build(tmp, task, seed, settings, progress)
+        _build(tmp, task, seed, settings, progress, rows)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is for every process of the user and others
         try:
             os.rename(tmp, final)  # atomic: readers see no model or a whole one
@@ -143,8 +158,11 @@ def build_tiny_llama(
     return final
 
 
-def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progress) -> None:
-    """Train tokenizer, init, warm-start, evaluate and save into `out`."""
+def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progress, data: list[dict] | None = None) -> None:
+    """Train tokenizer, init, warm-start, evaluate and save into `out`. With `data` (a pipeline's own rows) the
+    tokenizer is byte-level with no merges (one token per byte: any text, and a character-level view that small
+    tasks of the user's own learn more easily from), and the warm start and its report use the
+    rows: the last DATA_EVAL_ROWS (when there are twice that many) are held aside for the report."""
     import torch
 
     from rlflow.stages.tokenizer import train_tokenizer
@@ -156,13 +174,18 @@ def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progres
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             progress(f"tiny-llama[{task}]: training a BPE tokenizer (vocab {settings.vocab_size})")
-            tokenizer = train_tokenizer(settings.vocab_size, seed=seed, tasks=tokenizer_tasks(task))
+            tokenizer = train_tokenizer(settings.vocab_size, seed=seed, tasks=tokenizer_tasks(task) if data is None else ())
             model = _init_model(tokenizer, settings)
             params = sum(p.numel() for p in model.parameters()) / 1e6
             progress(f"tiny-llama[{task}]: {params:.2f}M params; warm start {settings.sft_steps} steps")
-            rows = task_rows(task, SFT_SEED_OFFSET + seed, settings.sft_steps * settings.batch_size)
+            if data is None:
+                rows = task_rows(task, SFT_SEED_OFFSET + seed, settings.sft_steps * settings.batch_size)
+                held_out = task_rows(task, EVAL_SEED_OFFSET + seed, settings.eval_prompts)
+            else:
+                aside = DATA_EVAL_ROWS if len(data) >= 2 * DATA_EVAL_ROWS else 0
+                train, held_out = data[: len(data) - aside], data[len(data) - aside:] or data[:DATA_EVAL_ROWS]
+                rows = [train[i % len(train)] for i in range(settings.sft_steps * settings.batch_size)]
             loss = _warm_start(model, tokenizer, rows, settings, progress, task)
-            held_out = task_rows(task, EVAL_SEED_OFFSET + seed, settings.eval_prompts)
             greedy = accuracy(model, tokenizer, held_out, settings.max_new_tokens, temperature=0.0)
             sampled = accuracy(model, tokenizer, held_out, settings.max_new_tokens, temperature=1.0)
     finally:

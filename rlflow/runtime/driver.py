@@ -120,7 +120,7 @@ class Run:
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         self.on_nonfinite = trainer.get("on_nonfinite", "stop")
         self.progress = ProgressCheck(trainer.get("no_progress_groups") or NO_PROGRESS_BATCHES * self.control["batch_size"],
-                                      self.plan.filters())
+                                      self.plan.filters(), warn_at=self.control["batch_size"], log=self.log)
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()

@@ -63,12 +63,53 @@ def check_model_dir(path: str | Path, *, source: str) -> Path:
 
 
 def prepare_model(plan: Plan, log=print) -> Path:
-    """Local Hugging Face directory for plan's model (builds and caches builtin:tiny-llama on first use,
-    warm-started on the plan's built-in tasks; on `arith` when the data are files). A local directory is
-    checked first (check_model_dir): PipelineInvalid naming model.path if it vanished or is not a model."""
+    """Local Hugging Face directory for plan's model (builds and caches builtin:tiny-llama on first use). The tiny
+    model is warm-started on what the plan trains on (warm_start_of): its built-in tasks, or the training rows of
+    its task files. A local directory is checked first (check_model_dir): PipelineInvalid naming model.path if it
+    vanished or is not a model."""
     spec = plan.model
     if spec["path"].startswith("builtin:"):
-        sources = sorted({t.source.removeprefix("builtin:") for t in plan.tasks.values() if t.source.startswith("builtin:")})
         build = registry.resolve("model", spec["path"])
-        return Path(build(task="+".join(sources) or "arith", seed=plan.pipeline["seed"], progress=log))
+        if spec["path"] != "builtin:tiny-llama":
+            return Path(build(progress=log))
+        task, rows = warm_start_of(plan)
+        if rows is not None:
+            log(f"tiny-llama: warm start on {len(rows)} training rows of {task}")
+            return Path(build(task="data", rows=rows, seed=plan.pipeline["seed"], progress=log))
+        return Path(build(task=task, seed=plan.pipeline["seed"], progress=log))
     return check_model_dir(spec["path"], source=plan.source)
+
+
+#: rows read from each task file for a warm start of builtin:tiny-llama (its 150 steps x 64 see about 10,000)
+WARM_START_ROWS = 4096
+
+
+def warm_start_of(plan: Plan) -> tuple[str, list[dict] | None]:
+    """What builtin:tiny-llama is warm-started on: ("arith+repeat", None) for built-in tasks, or (a description,
+    rows) when the plan reads task files: their training rows ({"prompt", "answer"}; held-out rows skipped, each
+    task's limit kept), interleaved with rows of the built-in tasks beside them (rlflow compile says which:
+    compiler.model_note)."""
+    from rlflow.prompt_rows import held_out
+    from rlflow.runtime.evaluation import _read_file
+    from rlflow.stages.tiny_model import task_rows
+
+    builtin = sorted({t.source.removeprefix("builtin:") for t in plan.tasks.values() if t.source.startswith("builtin:")})
+    files = {name: t for name, t in plan.tasks.items() if not t.source.startswith("builtin:")}
+    if not files:
+        return "+".join(builtin), None
+    parts = []
+    for t in files.values():
+        rows = []
+        for n, (_, row) in enumerate(_read_file(t.source)):
+            if (t.limit and n >= t.limit) or len(rows) >= WARM_START_ROWS:
+                break
+            prompt = str(row.get(t.prompt_field, ""))
+            if prompt and row.get(t.answer_field) is not None and not (t.holdout and held_out(prompt, t.holdout)):
+                rows.append({"prompt": prompt, "answer": str(row[t.answer_field])})
+        parts.append(rows)
+    parts += [task_rows(name, plan.pipeline["seed"], WARM_START_ROWS) for name in builtin]
+    mixed = [row for group in zip(*parts) for row in group] if len(parts) > 1 else parts[0]
+    what = ", ".join(t.source for t in files.values()) + (f" and builtin:{'+'.join(builtin)}" if builtin else "")
+    if not mixed:
+        raise ValueError(f"no training rows in {what} to warm builtin:tiny-llama start on")
+    return what, mixed

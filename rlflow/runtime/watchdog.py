@@ -88,12 +88,15 @@ class NoProgress(RunFailed):
 
 class ProgressCheck:
     """Counts the untrainable groups scored since the last trained step; `scored` raises NoProgress at `limit`.
-    filters: {reward stage: its group filter}, to name the filter in the message."""
+    filters: {reward stage: its group filter}, to name the filter in the message. With `warn_at` and `log`, it says so
+    once, early, when `warn_at` groups in a row could not be trained (a batch's worth: seconds into a run whose rewards
+    are all the same, long before the limit stops it)."""
 
-    def __init__(self, limit: int, filters: dict[str, str]):
+    def __init__(self, limit: int, filters: dict[str, str], *, warn_at: int | None = None, log=None):
         if limit < 1:
             raise ValueError(f"no_progress_groups must be >= 1, got {limit}")
         self.limit, self.filters = limit, filters
+        self.warn_at, self.log, self.warned = warn_at, log, False
         self.trained()
 
     def trained(self) -> None:
@@ -119,8 +122,12 @@ class ProgressCheck:
         self.failed += failed
         for r in rewards:
             self.rewards[r] = self.rewards.get(r, 0) + 1
-        if sum(self.filtered.values()) + self.failed >= self.limit:
+        untrainable = sum(self.filtered.values()) + self.failed
+        if untrainable >= self.limit:
             raise NoProgress(self.message())
+        if self.log and self.warn_at and untrainable >= self.warn_at and not self.warned and untrainable == self.scored_groups:
+            self.warned = True  # once a run: every group so far untrainable
+            self.log(f"warning: {self.message()}. The run stops if this goes on for {self.limit} groups")
 
     def message(self) -> str:
         by = [f"{n} filtered by {self.filters.get(s) or 'its filter'} (reward stage '{s}')"

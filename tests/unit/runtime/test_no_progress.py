@@ -64,3 +64,25 @@ def test_no_progress_groups_is_lowered_into_the_plan_and_bounded():
         compile_pipeline(pipeline, ["stages.train.no_progress_groups=0"])
     with pytest.raises(ValueError):
         ProgressCheck(0, {})
+
+
+def test_a_run_whose_every_group_so_far_is_untrainable_is_warned_once_after_a_batch():
+    said: list[str] = []
+    check = ProgressCheck(100, {"score": "drop_uniform_groups"}, warn_at=4, log=said.append)
+    zeros = [(0.0, "", False)] * 4
+    check.scored_batch("score", scored({f"g{i}": zeros for i in range(3)}))
+    assert said == []  # not yet a batch's worth
+    check.scored_batch("score", scored({"g3": zeros}))
+    assert len(said) == 1 and said[0].startswith("warning: no train step in 4 scored groups: 4 filtered by "
+                                                 "drop_uniform_groups (reward stage 'score')")
+    assert "their rewards: 0 x16" in said[0] and "stops if this goes on for 100 groups" in said[0]
+    check.scored_batch("score", scored({f"h{i}": zeros for i in range(8)}))
+    assert len(said) == 1  # once
+
+
+def test_no_warning_when_some_groups_were_trainable():
+    said: list[str] = []
+    check = ProgressCheck(100, {}, warn_at=2, log=said.append)
+    check.scored_batch("score", scored({"a": [(1.0, "", True), (0.0, "", True)]}))
+    check.scored_batch("score", scored({f"g{i}": [(0.0, "", False)] * 2 for i in range(5)}))
+    assert said == []  # the filter drops some groups, as it should: not every one
