@@ -75,9 +75,10 @@ def summarize(results: list[dict], k: int, prefix: str = "eval/") -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- held-out rows
-def _read_file(path: str):
+def read_file(path: str, loc: tuple[str, ...] = ("data", "eval"), prefix: str = "held-out row: "):
     """(where, row) for the rows of a .jsonl / .json / .parquet file, in file order ("'p.jsonl' line 7"); a line
-    that is not a JSON object is invalid input naming its line (data_head.py words it as the head check does)."""
+    that is not a JSON object is invalid input naming its line (data_head.py words it as the head check does), at
+    pipeline location `loc`."""
     from rlflow.data_head import READ_FIX, _json_lines
 
     if Path(path).suffix == ".parquet":
@@ -95,14 +96,16 @@ def _read_file(path: str):
         return
     for number, row in _json_lines(path):
         if not isinstance(row, dict):
-            _bad_row((f"cannot read '{path}' line {number}: not a JSON object ({row})", "bad-data", READ_FIX), path)
+            bad_row((f"cannot read '{path}' line {number}: not a JSON object ({row})", "bad-data", READ_FIX), path,
+                    loc, prefix)
         yield f"'{path}' line {number}", row
 
 
-def _bad_row(problem: tuple[str, str, str], source: str):
+def bad_row(problem: tuple[str, str, str], source: str, loc: tuple[str, ...] = ("data", "eval"),
+            prefix: str = "held-out row: "):
     from rlflow.errors import PipelineInvalid, Problem
 
-    raise PipelineInvalid(source, [Problem(("data", "eval"), "held-out row: " + problem[0], *problem[1:])])
+    raise PipelineInvalid(source, [Problem(loc, prefix + problem[0], *problem[1:])])
 
 
 def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
@@ -123,13 +126,13 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
         count = task.get("limit") or max(BUILTIN_TASK_ROWS, math.ceil(2 * size / (frac or 1)))
         rows = ((f"row {i + 1} of {src}", r) for i, r in enumerate(registry.resolve("task", src)(seed=seed, count=count)))
     else:
-        rows = _read_file(src)
+        rows = read_file(src)
     out = []
     for n, (where, row) in enumerate(rows):
         if task.get("limit") and n >= task["limit"]:
             break
         if problem := row_problem(row, (pf, af), where):  # as training's reader judges it: stop, naming the row
-            _bad_row(problem, src)
+            bad_row(problem, src)
         prompt = str(row[pf])
         if frac is not None and not held_out(prompt, frac):
             continue

@@ -89,8 +89,8 @@ def warm_start_of(plan: Plan) -> tuple[str, list[dict] | None]:
     rows) when the plan reads task files: their training rows ({"prompt", "answer"}; held-out rows skipped, each
     task's limit kept), interleaved with rows of the built-in tasks beside them (rlflow compile says which:
     compiler.model_note)."""
-    from rlflow.prompt_rows import held_out
-    from rlflow.runtime.evaluation import _read_file
+    from rlflow.prompt_rows import held_out, row_problem
+    from rlflow.runtime.evaluation import bad_row, read_file
     from rlflow.stages.tiny_model import task_rows
 
     builtin = sorted({t.source.removeprefix("builtin:") for t in plan.tasks.values() if t.source.startswith("builtin:")})
@@ -100,11 +100,13 @@ def warm_start_of(plan: Plan) -> tuple[str, list[dict] | None]:
     parts = []
     for t in files.values():
         rows = []
-        for n, (_, row) in enumerate(_read_file(t.source)):
+        for n, (where, row) in enumerate(read_file(t.source, ("data", "source"), "")):
             if (t.limit and n >= t.limit) or len(rows) >= WARM_START_ROWS:
                 break
-            prompt = str(row.get(t.prompt_field, ""))
-            if prompt and row.get(t.answer_field) is not None and not (t.holdout and held_out(prompt, t.holdout)):
+            if problem := row_problem(row, (t.prompt_field, t.answer_field), where):  # as training's reader judges it
+                bad_row(problem, t.source, ("data", "source"), "")
+            prompt = str(row[t.prompt_field])
+            if not (t.holdout and held_out(prompt, t.holdout)):
                 rows.append({"prompt": prompt, "answer": str(row[t.answer_field])})
         parts.append(rows)
     parts += [task_rows(name, plan.pipeline["seed"], WARM_START_ROWS) for name in builtin]

@@ -56,3 +56,19 @@ def test_held_out_rows_are_not_warm_started_on(tmp_path, monkeypatch):
 def test_built_in_tasks_name_themselves(quickstart_plan):
     assert warm_start_of(Plan.of(quickstart_plan)) == ("repeat", None)
     assert model_note(quickstart_plan)[0].endswith("warm-started on builtin:repeat")
+
+
+def test_a_bad_row_past_the_head_is_named_by_its_line(tmp_path, monkeypatch):
+    import pytest
+
+    from rlflow.errors import PipelineInvalid
+
+    monkeypatch.chdir(tmp_path)
+    plan = own_task(tmp_path)
+    lines = (tmp_path / "words.jsonl").read_text().splitlines()
+    lines[70] = json.dumps({"prompt": "reverse x ="})  # no answer, far past the head the run start checks
+    (tmp_path / "words.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(PipelineInvalid) as err:
+        warm_start_of(Plan.of(plan))
+    (problem,) = err.value.problems
+    assert (problem.loc, problem.rule) == (("data", "source"), "missing-answer") and "line 71" in problem.message
