@@ -6,7 +6,8 @@ PYTHONPATH (`importable_from`); the plan records the directories the named modul
 
 Whether it fits, by signature, at compile (rule `not-a-<category>`), so a run does not die minutes in:
 - a reward is called fn(completion, answer), with prompt= and row= only when its signature takes
-  them by name or through **kwargs (the runtime's rlflow/runtime/reward_call.py reward_caller);
+  them by name or through **kwargs (the runtime's rlflow/runtime/reward_call.py reward_caller); one that names
+  batch parameters (prompts, completions: TRL's reward_funcs style) is refused even where it would bind;
 - a filter is called fn(rewards) with one list of a group's rewards;
 - a ranker is called with no arguments and gives an object with predict(prompts) and observe(prompts, lengths);
 - an env is a class that subclasses rlflow.stages.environment.Environment and implements step (one instance per
@@ -162,6 +163,17 @@ def _reward_call(sig: inspect.Signature) -> tuple[tuple, dict]:
     return ("completion", "answer"), {k: None for k in REWARD_EXTRAS if takes_any or k in names}
 
 
+#: parameter names of a reward that scores a batch (TRL's GRPOTrainer calls reward_funcs(prompts=, completions=,
+#: completion_ids=, **dataset columns) and takes a list back): an rlflow reward scores one completion
+BATCH_PARAMS = ("prompts", "completions", "completion_ids", "answers")
+
+
+def _batch_params(sig: inspect.Signature) -> list[str]:
+    """The batch-style parameters a reward's signature names (plural names that take lists), in order."""
+    return [p.name for p in sig.parameters.values()
+            if p.name in BATCH_PARAMS and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 SHAPES = {
     "reward": ("fn(completion, answer) -> float (optionally also prompt=, row= or **kwargs)",
                "e.g. def score(completion, answer): return float(completion.strip() == answer); built-ins: exact_match, numeric_close"),
@@ -211,6 +223,11 @@ def misfit(category: str, ref: str, obj) -> str | None:
     sig = _signature(obj)
     if sig is None:
         return f"{what}, whose signature Python cannot read; a {category} is {shape}; wrap it in a def, {example}"
+    if category == "reward" and (batch := _batch_params(sig)):
+        return (f"{what}{sig}, a batch reward ({', '.join(batch)}: lists in, a list of floats out, TRL's reward_funcs "
+                f"style), which rlflow would call with one completion and score nonsense; a reward is {shape}; rewrite "
+                f"it per completion, or wrap it: def score(completion, answer, prompt=None): return "
+                f"{getattr(obj, '__name__', 'fn')}([prompt], [completion], answer=[answer])[0]")
     args, kwargs = {"reward": _reward_call(sig), "filter": (([0.0, 1.0],), {}), "ranker": ((), {})}[category]
     try:
         sig.bind(*args, **kwargs)

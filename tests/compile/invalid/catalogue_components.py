@@ -12,6 +12,10 @@ def needs_tokenizer(completion, answer, tokenizer):  # a third required argument
     return 1.0
 
 
+def trl_batch(prompts, completions, **kwargs):  # TRL's reward_funcs style: lists in, a list out; binds, scores nonsense
+    return [1.0 for _ in completions]
+
+
 def two_args(rewards, extra):  # a filter takes one list of rewards
     return True
 
