@@ -111,3 +111,15 @@ def test_a_named_run_keeps_its_name(quickstart_plan, tmp_path):
     assert run_name(Plan.of(quickstart_plan), now=0) == "quickstart-19700101-000000"
     quickstart_plan["pipeline"]["tracking"]["mlflow"]["run_name"] = "baseline"
     assert run_name(Plan.of(quickstart_plan)) == "baseline"
+
+
+def test_the_tracking_page_names_every_metric(repo):
+    """docs/guides/tracking.md covers each MLflow name metric_names gives (a name, or a family like
+    `rollout/coord/*`), so a metric added to the table without its line in the docs fails here."""
+    import fnmatch
+
+    page = (repo / "docs" / "guides" / "tracking.md").read_text()
+    patterns = [re.sub(r"<[a-z]+>", "*", p) for p in re.findall(r"`([a-z_]+/[^`\s]*)`", page)]
+    names = {n for n in metric_names.NAMES.values() if n} | {n.format(task="main") for n in metric_names.TASK_NAMES.values()}
+    missing = [n for n in sorted(names) if not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    assert not missing, f"docs/guides/tracking.md does not name {missing}"
