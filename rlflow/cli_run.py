@@ -31,7 +31,10 @@ def run(plan: PlanFile = None, bare: Bare = None,
         plan, overrides = None, [plan, *overrides]
     if resume not in (None, "latest") and plan is None and Path(resume).is_file():
         plan, resume = resume, "latest"  # `rlflow run --resume plan.json`: the plan, not a run
-    the_plan = _plan_for_run(plan, overrides)
+    if resume:  # the run's own overrides first, then these
+        the_plan, resume = _resumed_with_its_overrides(_plan_for_run(plan, []), resume, overrides)
+    else:
+        the_plan = _plan_for_run(plan, overrides)
     from rlflow.runtime.launch import launch
 
     summary = launch(the_plan, resume=resume or False, address=address)
@@ -63,6 +66,31 @@ def _plan_for_run(plan: str | None, overrides: list[str]) -> Plan:
     compiled = compile_pipeline(typed.source, typed.overrides + overrides, gpus_given(typed))
     print(f"overrides for this run only: {' '.join(overrides)} (recorded in its run directory; {plan_path} is unchanged)")
     return Plan.of(compiled)
+
+
+def _resumed_with_its_overrides(plan: Plan, resume: str, overrides: list[str]) -> tuple[Plan, str]:
+    """The plan to resume a run with: `plan`, then the overrides that run was started with (its run.json) which
+    `plan` lacks (they applied to that run; the shared plan never had them), then `overrides`; and the run's
+    directory."""
+    import json
+
+    from rlflow.compiler import compile_pipeline, gpus_given
+    from rlflow.plan_model import Plan
+    from rlflow.runtime.launch import RUN_FILE, find_run
+
+    run_dir = find_run(plan, resume)
+    try:
+        recorded = json.loads((run_dir / RUN_FILE).read_text()).get("overrides") or []
+    except (OSError, ValueError, AttributeError):  # a run of an older rlflow: nothing recorded
+        recorded = []
+    missing = [o for o in recorded if o not in plan.overrides]
+    if missing:
+        print(f"resuming with the run's own overrides: {' '.join(missing)} (from {run_dir / RUN_FILE})")
+    if overrides:
+        print(f"overrides for this run only: {' '.join(overrides)} (the shared plan is unchanged)")
+    if missing or overrides:
+        plan = Plan.of(compile_pipeline(plan.source, plan.overrides + missing + overrides, gpus_given(plan)))
+    return plan, str(run_dir)
 
 
 def scale(stage: Annotated[str, typer.Argument(help="the rollout stage's name", show_default=False)],

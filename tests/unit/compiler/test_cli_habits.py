@@ -145,3 +145,17 @@ def test_eval_refuses_a_batch_reward_as_validate_does(model_and_module, capsys):
     assert main(["eval", str(model_and_module), "--reward", "my_eval_rewards:batch", "--data", "builtin:arith"]) == 2
     err = capsys.readouterr().err
     assert "a batch reward" in err and "[not-a-reward]" in err and "Traceback" not in err
+
+
+def test_resume_applies_the_overrides_the_run_was_started_with(tmp_path, monkeypatch, capsys, launched):
+    from rlflow.compiler import compile_pipeline
+    from rlflow.runtime import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", str(QUICKSTART)]) == 0
+    run_dir = launch.new_run_dir(Plan.of(compile_pipeline(QUICKSTART, ["stages.train.steps=3"])))
+    (run_dir / checkpoint.STATE_FILE).write_text("{}")  # published a checkpoint: resumable
+    assert main(["run", "--resume", "--set", "stages.train.lr=1e-4"]) == 0
+    (plan,) = launched
+    assert plan.overrides == ["stages.train.steps=3", "stages.train.lr=1e-4"]
+    assert "resuming with the run's own overrides: stages.train.steps=3" in capsys.readouterr().out
