@@ -73,9 +73,9 @@ class Run:
         self.counts: dict = {}
         self.events: queue.Queue = queue.Queue()
         self.tracker_run_id = None
-        self.metrics = Metrics(plan, log=log)
-        self.log = self.metrics.log  # on a terminal, messages end the progress bar's line first
         self.clock = clock or RunClock()  # start-up timeline and the loop's own cost (run_clock.py)
+        self.metrics = Metrics(plan, log=log, t0=self.clock.t0)  # one clock: `elapsed` counts from the same origin
+        self.log = self.metrics.log  # on a terminal, messages print above the progress line
         self.hooks = hooks or RunHooks()
         self.trainer_dead = False
         self.restored: list[str] = []  # buffered groups a resume put back (not generated again)
@@ -150,6 +150,7 @@ class Run:
             finally:
                 if self.grace is not None:
                     self.grace.cancel()
+                self.metrics.close()  # a progress line still drawn (the run stopped early) ends here
         return self.metrics.history
 
     def _next_event(self):

@@ -12,8 +12,11 @@ import time
 from collections import deque
 
 from rlflow.plan_model import Plan
-from rlflow.runtime.progress import Progress
+from rlflow.runtime.progress import Field, Progress, format_duration
 from rlflow.runtime.workload_measured import MEASURED_GROUPS, measured_workload, prompt_share
+
+REWARD_LEGEND = ("reward(all): every completion scored since the last step (the success rate)",
+                 "reward(trained): the batch trained on, after the filters (biased by them)")
 
 
 def _mean(xs) -> float | None:
@@ -21,7 +24,8 @@ def _mean(xs) -> float | None:
 
 
 class Metrics:
-    def __init__(self, plan: dict | Plan, log=print):
+    def __init__(self, plan: dict | Plan, log=print, t0: float | None = None):
+        """t0: the run's time origin (run_clock.RunClock.t0), so `elapsed` and the start-up timeline agree."""
         plan = Plan.of(plan)
         self.steps = plan.trainer.steps
         # to stdout: a bar with the ETA on a terminal, a line per step in a log (progress.py); every other message
@@ -34,7 +38,8 @@ class Metrics:
         self.evals: list[dict] = []  # held-out evaluations, {"step", "eval/...": value}, in the order they arrived
         self._busy_prev = 0.0
         self._instance_s_prev = 0.0
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0
+        self._legend_shown = False
         self.trained_groups: deque[list[int]] = deque(maxlen=MEASURED_GROUPS)  # lengths, for the measured workload
 
     @staticmethod
@@ -117,20 +122,34 @@ class Metrics:
                      + f"  reward {metrics['eval/reward_mean']:.3f}  ({metrics['eval/prompts']} held-out prompts)")
 
     def progress(self, row: dict) -> None:
+        """The step's line: its fields in order, ranked for a narrow terminal (progress.fit); the legend of the
+        two rewards before the first."""
         def f(x):
-            return "  -  " if x is None else f"{x:.3f}"
+            return "-" if x is None else f"{x:.3f}"
 
+        if not self._legend_shown:
+            self._legend_shown = True
+            for line in REWARD_LEGEND:
+                self.log(line)
         tasks = sorted({k.split("/")[1] for k in row if k.startswith("task/")})
-        per_task = "  ".join(f"{t} {f(row[f'task/{t}/reward_all_mean'])}" for t in tasks) if len(tasks) > 1 else ""
-        text = (f"step {row['step']:>3}/{self.steps}  reward {f(row['reward_all_mean'])} (trained {f(row['reward_mean'])})"
-                f"{'  [' + per_task + ']' if per_task else ''}  loss {row.get('loss', 0):+.4f}  "
-                f"staleness mean {row['staleness_mean']:.2f} max {row['staleness_max']}  "
-                f"{row['trajectories_per_s']:.1f} traj/s  elapsed {time.monotonic() - self.t0:.0f}s"
-                + (f"  eval acc {self.evals[-1]['eval/accuracy']:.3f} (step {self.evals[-1]['step']})" if self.evals else ""))
+        fields = [Field(f"step {row['step']}/{self.steps}"), Field(f"reward(all) {f(row['reward_all_mean'])}"),
+                  Field(f"reward(trained) {f(row['reward_mean'])}"), Field(f"loss {row.get('loss', 0):+.4f}", 1)]
+        if self.evals:
+            fields.append(Field(f"eval acc {self.evals[-1]['eval/accuracy']:.3f} (step {self.evals[-1]['step']})", 2))
+        fields += [Field(f"elapsed {format_duration(time.monotonic() - self.t0)}", 2),
+                   Field(f"staleness {row['staleness_mean']:.2f} (max {row['staleness_max']})", 3),
+                   Field(f"{row['trajectories_per_s']:.1f} traj/s", 4)]
+        if len(tasks) > 1:
+            fields.append(Field("[" + "  ".join(f"{t} {f(row[f'task/{t}/reward_all_mean'])}" for t in tasks) + "]", 5))
         if self.out:
-            self.out.step(row["step"], text)
+            self.out.step(row["step"], fields)
         else:
-            self.log(text)
+            self.log("  ".join(x.text for x in fields))
+
+    def close(self) -> None:
+        """Ends the progress line drawn in place, if the run ends before its last step."""
+        if self.out:
+            self.out.close()
 
     def summary(self, counters, counts: dict, run_id: str, recall: float | None) -> dict:
         h = [r for r in self.history if r["reward_all_mean"] is not None]

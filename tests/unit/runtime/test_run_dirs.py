@@ -133,7 +133,9 @@ def test_launch_runs_in_a_new_directory_or_the_resumed_one(tmp_path, monkeypatch
     said = []
     first = launch.launch(plan, log=said.append)
     assert made[-1] == (Path(first["run_dir"]), False) and Path(first["run_dir"]).parent == Path(".rlflow/runs/quick")
-    assert said == [f"run directory: {first['run_dir']}"]
+    assert said[0] == f"run directory: {first['run_dir']}"
+    assert said[1].startswith("done: 0 of 100 steps in ") and said[-1].startswith(f"next: rlflow eval {first['run_dir']}")
+    assert json.loads((Path(first["run_dir"]) / "summary.json").read_text())["run_dir"] == first["run_dir"]
     second = launch.launch(plan, log=said.append)
     assert second["run_dir"] != first["run_dir"]
     checkpointed(Path(first["run_dir"]))

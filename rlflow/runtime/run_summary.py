@@ -1,0 +1,46 @@
+"""The end of `rlflow run`: a few lines for a person on the terminal, the whole summary in `<run dir>/summary.json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlflow.runtime.progress import format_duration
+
+SUMMARY_FILE = "summary.json"
+
+
+def write(summary: dict, run_dir: Path) -> Path:
+    """The run's summary (launch.launch returns it) as JSON in its run directory."""
+    path = Path(run_dir) / SUMMARY_FILE
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return path
+
+
+def describe(summary: dict, total_steps: int | None = None) -> list[str]:
+    """What ended, where everything is, and what to do next; every figure is also in summary.json."""
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    steps, run_dir = summary.get("steps", 0), summary.get("run_dir")
+    of = f" of {total_steps}" if total_steps and steps != total_steps else ""
+    ended = f"stopped ({summary['stopped_by']})" if summary.get("stopped_by") else "stopped" if summary.get("stopped") else "done"
+    lines = [f"{ended}: {steps}{of} steps in {format_duration(summary.get('elapsed_s') or 0)}"
+             + (f"; reward(all) {f(summary.get('reward_first'))} -> {f(summary.get('reward_last'))} (mean of the first "
+                f"and last {summary.get('window', 1)} step(s))" if "reward_first" in summary else "")]
+    if summary.get("eval_last"):
+        first, last = summary["eval_first"], summary["eval_last"]
+        lines.append(f"held-out accuracy {f(first.get('eval/accuracy'))} (step {first.get('step')}) -> "
+                     f"{f(last.get('eval/accuracy'))} (step {last.get('step')})")
+    if run_dir:
+        export = Path(run_dir) / "export"
+        lines.append(f"run directory: {run_dir} ({SUMMARY_FILE}, run.log, checkpoint/"
+                     + (", export/)" if export.is_dir() else ")"))
+    if summary.get("mlflow_run_id"):
+        uri = summary.get("mlflow_uri")
+        lines.append(f"MLflow run {summary['mlflow_run_id']}" + (f": mlflow ui --backend-store-uri {uri}" if uri else ""))
+    if run_dir:
+        if summary.get("stopped"):
+            lines.append(f"resume with: rlflow run --resume (the newest run), or --resume {Path(run_dir).name} (this one)")
+        lines.append(f"next: rlflow eval {run_dir}   rlflow export {run_dir} -o DIR")
+    return lines
