@@ -97,6 +97,9 @@ NAMES: dict[str, str | None] = {
     "resume_restored_groups": "system/resume_restored_groups",
     "resume_regenerated_groups": "system/resume_regenerated_groups",
     "resume_dropped_groups": "system/resume_dropped_groups",
+    # evaluation.py's own bookkeeping: how many held-out prompts and how long, beside the run's other costs
+    "eval/prompts": "system/eval_prompts",
+    "eval/seconds": "system/eval_s",
 }
 
 # counters: not logged while they are zero, then at every step from the first one on which they are not (a counter
@@ -107,6 +110,7 @@ SPARSE = frozenset({
     "coord_interrupted", "coord_rejected", "coord_resyncs", "dispatch_plans", "dispatch_long_groups",
     "dispatch_long_instances", "ranker_observed", "filtered", "dropped", "aborted", "nonfinite_steps",
     "duplicate_rewards", "resume_restored_groups", "resume_regenerated_groups", "resume_dropped_groups",
+    "eval/reward_failed",
     "kl", "clip_frac", "importance_truncated_frac", "importance_masked_frac",
 })
 

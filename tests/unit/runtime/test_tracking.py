@@ -73,7 +73,7 @@ def test_mlflow_run_reads_back_named_grouped_and_without_noise(quickstart_plan, 
     for row in rows:
         tracker.log_metrics(row, row["step"])
     tracker.log_metrics({"startup/ray_s": 4.4, "startup/first_step_s": 21.07}, 0)  # as the driver logs them
-    tracker.log_metrics({"eval/accuracy": 0.25}, 2)
+    tracker.log_metrics({"eval/accuracy": 0.25, "eval/prompts": 32, "eval/reward_failed": 0}, 2)
     tracker.end()
 
     client = mlflow.MlflowClient(uri)
@@ -88,7 +88,9 @@ def test_mlflow_run_reads_back_named_grouped_and_without_noise(quickstart_plan, 
     for section, headline in (("reward", "reward/mean"), ("train", "train/loss")):
         assert min(k for k in keys if k.rsplit("/", 1)[0] == section) == headline
     # counters that stayed zero are not logged; one that moved is, from its first non-zero step on
-    assert not keys & {"staleness/groups/aborted", "rollout/reward_failed", "rollout/coord/rejected", "train/policy/kl"}
+    assert not keys & {"staleness/groups/aborted", "rollout/reward_failed", "rollout/coord/rejected", "train/policy/kl",
+                       "eval/reward_failed", "eval/prompts"}
+    assert "system/eval_prompts" in keys
     assert [m.step for m in client.get_metric_history(tracker.run_id, "staleness/groups/dropped")] == [3]
     assert "reward/main/mean" not in keys  # one task type: the per-task numbers are the batch's
     assert not [k for k in keys if "startup" in k]
