@@ -64,7 +64,7 @@ TASK_SETTINGS = {
 }
 DEFAULT_SETTINGS = TinyLlamaSettings(sft_steps=300, max_new_tokens=48)
 # A pipeline's own rows: fewer steps than the built-in tasks get, so a warm start leaves RL room to improve
-DATA_SETTINGS = TinyLlamaSettings(sft_steps=150, max_new_tokens=48)
+DATA_SETTINGS = TinyLlamaSettings(sft_steps=80, max_new_tokens=48)
 DATA_EVAL_ROWS = 128  # rows of the data held aside from the warm start, for its accuracy report
 
 

@@ -80,7 +80,7 @@ def prepare_model(plan: Plan, log=print) -> Path:
     return check_model_dir(spec["path"], source=plan.source)
 
 
-#: rows read from each task file for a warm start of builtin:tiny-llama (its 150 steps x 64 see about 10,000)
+#: rows read from each task file for a warm start of builtin:tiny-llama (its 80 steps x 64 see about 5,000)
 WARM_START_ROWS = 4096
 
 

@@ -17,10 +17,10 @@ from rlflow.runtime.watchdog import NoProgress
 pytestmark = pytest.mark.integration
 
 
-def stopped_run(plan: dict, error):
+def stopped_run(plan: dict, error, log=lambda *a: None):
     from rlflow.runtime.driver import Run
 
-    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=lambda *a: None)
+    run = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], log=log)
     with pytest.raises(error) as e:
         run.run()
     return run, e.value
@@ -38,6 +38,23 @@ def test_a_run_whose_every_group_is_filtered_stops_and_says_why(ray_cluster, wor
     assert "their rewards: 0 x" in msg and "turn the group filter off" in msg
     assert run.history == [] and run.counts["filtered_groups"] >= 4
     assert run.saved_step == 0  # the trainer was alive: a checkpoint to resume from (after fixing the reward)
+
+
+def test_a_run_whose_every_group_is_filtered_is_warned_after_a_batch_long_before_it_stops(ray_cluster, workdir,
+                                                                                        monkeypatch):
+    """The same policy with room before the stop (40 groups): one batch's worth of untrainable groups in a row is
+    said at once, naming the filter, seconds into the run."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    said: list[tuple[float, str]] = []
+    plan = runs.plan_for("quickstart", "stages.score.fn=rewards_for_tests:always_zero", "stages.train.no_progress_groups=40")
+    run, err = stopped_run(plan, NoProgress, log=lambda *a, **k: said.append((time.monotonic(), " ".join(map(str, a)))))
+    warnings = [(t, line) for t, line in said if line.startswith("warning: no train step in")]
+    assert len(warnings) == 1, said
+    t, line = warnings[0]
+    assert "filtered by drop_uniform_groups (reward stage 'score')" in line and "stops if this goes on for 40 groups" in line
+    first_scored = run.clock.t0 + run.clock.marks["first_scored"]
+    assert t - first_scored < 60  # within a minute of the first scored groups
+    assert "no train step in" in str(err)
 
 
 def test_a_step_that_makes_the_weights_non_finite_stops_the_run_unsaved(ray_cluster, workdir):
