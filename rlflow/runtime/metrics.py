@@ -19,6 +19,12 @@ REWARD_LEGEND = ("reward(all): every completion scored since the last step (the 
                  "reward(trained): the batch trained on, after the filters (biased by them)")
 
 
+def _is_print(log) -> bool:
+    """`log` is Python's own print, though `print` may be another by now (Ray's tqdm_ray replaces builtins.print on a
+    driver at a terminal)."""
+    return log is print or (getattr(log, "__module__", None) == "builtins" and getattr(log, "__name__", None) == "print")
+
+
 def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -30,7 +36,7 @@ class Metrics:
         self.steps = plan.trainer.steps
         # to stdout: a bar with the ETA on a terminal, a line per step in a log (progress.py); every other message
         # of the run goes through `self.log` so it never lands on the end of a bar drawn in place
-        self.out = Progress(self.steps) if log is print else None
+        self.out = Progress(self.steps) if _is_print(log) else None
         self.plan, self.log = plan, (self.out.message if self.out else log)
         self.history: list[dict] = []
         self.staleness_all: list[int] = []

@@ -26,8 +26,8 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
     of = f" of {total_steps}" if total_steps and steps != total_steps else ""
     ended = f"stopped ({summary['stopped_by']})" if summary.get("stopped_by") else "stopped" if summary.get("stopped") else "done"
     lines = [f"{ended}: {steps}{of} steps in {format_duration(summary.get('elapsed_s') or 0)}"
-             + (f"; reward(all) {f(summary.get('reward_first'))} -> {f(summary.get('reward_last'))} (mean of the first "
-                f"and last {summary.get('window', 1)} step(s))" if "reward_first" in summary else "")]
+             + (f"; reward(all) {f(summary.get('reward_first'))} -> {f(summary.get('reward_last'))}"
+                if "reward_first" in summary else "")]  # means over the first and last `window` steps
     if summary.get("eval_last"):
         first, last = summary["eval_first"], summary["eval_last"]
         lines.append(f"held-out accuracy {f(first.get('eval/accuracy'))} (step {first.get('step')}) -> "

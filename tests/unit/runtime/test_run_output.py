@@ -89,7 +89,7 @@ def test_the_summary_is_a_few_lines_and_the_json_goes_to_the_run_directory(tmp_p
                "stopped_by": None, "counters": {"consumed": 80}}
     lines = run_summary.describe(summary, 5)
     assert lines == [
-        "done: 5 steps in 1 m 02 s; reward(all) 0.247 -> 0.292 (mean of the first and last 1 step(s))",
+        "done: 5 steps in 1 m 02 s; reward(all) 0.247 -> 0.292",
         f"run directory: {tmp_path} (summary.json, run.log, checkpoint/, export/)",
         "MLflow run ffe4: mlflow ui --backend-store-uri sqlite:///m.db",
         f"next: rlflow eval {tmp_path}   rlflow export {tmp_path} -o DIR"]
@@ -98,3 +98,14 @@ def test_the_summary_is_a_few_lines_and_the_json_goes_to_the_run_directory(tmp_p
     assert any(line.startswith(f"resume with: rlflow run --resume (the newest run), or --resume {tmp_path.name}")
                for line in stopped)
     assert json.loads(run_summary.write(summary, tmp_path).read_text()) == summary
+
+
+def test_the_progress_line_is_drawn_though_ray_replaced_builtins_print(monkeypatch):
+    """Ray's tqdm_ray replaces builtins.print on a driver at a terminal; launch's `log=print` is still Python's own."""
+    import builtins
+
+    from rlflow.runtime.metrics import _is_print
+
+    own = builtins.print
+    monkeypatch.setattr(builtins, "print", lambda *a, **k: None)
+    assert _is_print(own) and not _is_print(lambda *a: None)
