@@ -371,8 +371,7 @@ class Run:
         path = self.exports.final(self.step, self.weights.ref)
         uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan.name, "step": self.step,
                                                                  "version": self.weights.version})
-        self.log(f"exported the policy (step {self.step}) to {path} in {time.perf_counter() - t0:.1f} s; "
-                 f"MLflow model {uri}; load it with transformers.AutoModelForCausalLM.from_pretrained('{path}')")
+        self.log(f"exported the policy (step {self.step}) to {path} in {time.perf_counter() - t0:.1f} s; MLflow model {uri}")
 
     def _end_actors(self) -> None:
         """Close the streams and end the actors this run started, by handle (a shared cluster outlives the run)."""

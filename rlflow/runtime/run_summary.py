@@ -36,6 +36,8 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
         export = Path(run_dir) / "export"
         lines.append(f"run directory: {run_dir} ({SUMMARY_FILE}, run.log, checkpoint/"
                      + (", export/)" if export.is_dir() else ")"))
+    if run_dir and (Path(run_dir) / "export").is_dir():
+        lines.append(f"the policy: {Path(run_dir) / 'export'} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
     if summary.get("mlflow_run_id"):
         uri = summary.get("mlflow_uri")
         lines.append(f"MLflow run {summary['mlflow_run_id']}" + (f": mlflow ui --backend-store-uri {uri}" if uri else ""))

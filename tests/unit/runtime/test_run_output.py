@@ -91,6 +91,7 @@ def test_the_summary_is_a_few_lines_and_the_json_goes_to_the_run_directory(tmp_p
     assert lines == [
         "done: 5 steps in 1 m 02 s; reward(all) 0.247 -> 0.292",
         f"run directory: {tmp_path} (summary.json, run.log, checkpoint/, export/)",
+        f"the policy: {tmp_path / 'export'} (transformers.AutoModelForCausalLM.from_pretrained loads it)",
         "MLflow run ffe4: mlflow ui --backend-store-uri sqlite:///m.db",
         f"next: rlflow eval {tmp_path}   rlflow export {tmp_path} -o DIR"]
     stopped = run_summary.describe(summary | {"steps": 3, "stopped": True, "stopped_by": "SIGINT"}, 5)
