@@ -24,15 +24,15 @@ NAMES: dict[str, str | None] = {
     "reward_all_mean": "reward/mean",
     "reward_mean": "reward/mean_trained",
     "reward_std": "reward/std_trained",
-    # train/: loss first; optimiser and policy-distribution details in their own sections
+    # train/: loss first; batching, optimiser and policy-distribution details in their own sections
     "loss": "train/loss",
     "pg_loss": "train/pg_loss",
     "tokens": "train/tokens",
     "tokens_per_s": "train/tokens_per_s",
     "step_time_s": "train/step_time_s",
     "trainer_idle_ratio": "train/step_idle_ratio",
-    "micro_batches": "train/micro_batches",
-    "rank_token_imbalance": "train/rank_token_imbalance",
+    "micro_batches": "train/batch/micro_batches",
+    "rank_token_imbalance": "train/batch/rank_token_imbalance",
     "grad_norm": "train/optim/grad_norm",
     "lr": "train/optim/lr",
     "entropy": "train/policy/entropy",
