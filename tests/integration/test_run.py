@@ -60,7 +60,9 @@ def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
 
     data = mlflow.get_run(run.tracker.run_id).data
     assert data.params["stages.train.steps"] == "3"
-    assert {"reward_mean", "loss", "staleness_mean", "tokens_per_s", "rollout_idle_ratio", "length_prompt_share"} <= set(data.metrics)
+    assert {"reward/mean_trained", "train/loss", "staleness/mean", "train/tokens_per_s", "rollout/idle_ratio",
+            "rollout/length_prompt_share"} <= set(data.metrics)  # grouped names (rlflow/runtime/metric_names.py)
+    assert not {"step", "version"} & set(data.metrics) and "None" not in data.params.values()
     assert all(0 <= h["length_prompt_share"] <= 1 for h in run.history)
     measured = run.summary()["workload_measured"]  # what simulate / tune would otherwise assume, from the trained groups
     assert measured["groups"] == 2 * len(run.history)  # SMALL: 2 groups a step
@@ -517,7 +519,7 @@ def test_mixed_tasks_run_on_their_own_rollout_and_reward_stages(ray_cluster, wor
     import mlflow
 
     metrics = mlflow.get_run(run.tracker.run_id).data.metrics
-    assert {f"task/{name}/reward_all_mean" for name in tasks} <= set(metrics)
+    assert {f"reward/{name}/mean" for name in tasks} <= set(metrics)
 
 
 def test_killed_trainer_stops_with_a_clear_message_and_resumes(ray_cluster, workdir):
