@@ -40,10 +40,13 @@ def _harness():
 
 
 def history(db: Path, run_id: str, key: str) -> list[float]:
+    """The values of the run-row key `key` (`tokens`, `step_time_s`, ...), by step, under its MLflow name."""
     from mlflow.tracking import MlflowClient
 
+    from rlflow.runtime.metric_names import mlflow_key
+
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+    return [m.value for m in sorted(client.get_metric_history(run_id, mlflow_key(key)), key=lambda m: m.step)]
 
 
 def measure(result: dict, work: Path) -> dict:

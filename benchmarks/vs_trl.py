@@ -341,8 +341,10 @@ def step_rows(db: Path, run_id: str) -> list[tuple[int, float, int]]:
     """(step, wall-clock time the step was logged, completion tokens trained) from the run's MLflow store."""
     from mlflow.tracking import MlflowClient
 
+    from rlflow.runtime.metric_names import mlflow_key
+
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    return [(m.step, m.timestamp / 1000, int(m.value)) for m in client.get_metric_history(run_id, "tokens")]
+    return [(m.step, m.timestamp / 1000, int(m.value)) for m in client.get_metric_history(run_id, mlflow_key("tokens"))]
 
 
 def accuracy(model_dir: str, heldout: Path, args) -> float:
