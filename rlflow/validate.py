@@ -172,7 +172,7 @@ def _problem(err: dict, doc: Document) -> Problem:
     typ, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
     name = loc[-1] if loc else "pipeline"
     owner, field = _field_at(loc, doc.data) if loc else (None, None)
-    help_ = f"{name}: {field.description}" if field is not None and field.description else ""
+    help_ = f"{name}: {' '.join(field.description.split())}" if field is not None and field.description else ""  # one line
     line = doc.line_of(loc)
 
     if typ == "extra_forbidden":
