@@ -140,7 +140,8 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
-                       "steps": s.steps, "checkpoint_every": s.checkpoint_every, "resources": dict(s.resources),
+                       "steps": s.steps, "checkpoint_every": s.checkpoint_every, "keep_checkpoints": s.keep_checkpoints,
+                       "resources": dict(s.resources),
                        "stall_factor": s.stall_factor, "no_progress_groups": s.no_progress_groups, "on_nonfinite": s.on_nonfinite,
                        "save_every": s.save_every, "weights": weight_transport(spec)})
         if spec.data.eval is not None:

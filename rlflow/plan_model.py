@@ -69,6 +69,7 @@ class TrainerActor(_Part):
     trainer_kwargs: dict[str, Any]
     steps: int
     checkpoint_every: int | None = None
+    keep_checkpoints: int | None = None  # a plan from before it: keep all
     resources: dict[str, Number] = {}
     stall_factor: Number | None = None
     no_progress_groups: int | None = None

@@ -373,6 +373,11 @@ class TrainStage(Strict):
     the end). Default 10. Runs on an evaluator actor of its own while training goes on."""
     checkpoint_every: NonNegInt = 10
     """Save a DeepSpeed checkpoint every N steps, to resume from after a crash (0: only at the end and on Ctrl-C)."""
+    keep_checkpoints: Annotated[int, Field(ge=2)] | None = 3
+    """Keep the newest N checkpoints of the run and delete the older ones after each save (null: keep all; each one
+    holds the weights and Adam moments, some 16 bytes a parameter). At least 2: the newest and the one before it,
+    which a resume falls back to when the newest turns out damaged. A save in progress, an unfinished one and the
+    checkpoint state.json names are never deleted."""
     stall_factor: Annotated[float, Field(ge=2, le=1000)] = 20
     """Stop the run (with a checkpoint) when nothing happens for this many times its mean step time (at least 120 s)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"

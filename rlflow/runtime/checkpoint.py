@@ -34,6 +34,14 @@ steps themselves are trained again (their MLflow rows are logged again). The tag
 the one resumed from now hold weights of a discarded history (trained on groups the ledger generates again): they
 go into checkpoint/abandoned.json and no later fallback takes them.
 
+Pruning (`prune`, the train stage's keep_checkpoints): after a save is published, the driver keeps the newest
+`keep` complete tags of the run's history and deletes the older ones. Never pruned: the published tag and the
+newest complete one before it (the fallback when the published one turns out damaged), so `keep` is at least 2; a
+tag without a manifest (a save in progress or one that did not finish, or an older rlflow's tag); a tag newer than
+the published one; a tag in abandoned.json (kept for a look, as that file says). A pruned tag is first renamed to
+`.<tag>.pruned` (one rename: no resume ever sees it half deleted), then deleted; a leftover from a process killed
+meanwhile is deleted by the next prune.
+
 A run directory from an rlflow before this layout (state.json without a tag, checkpoint/latest) is resumed from
 the tag `latest` names, loaded by name, when the step DeepSpeed saved there agrees with state.json; otherwise it is
 refused naming both steps (a crash between the two writes: resuming would train steps twice).
@@ -44,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -181,7 +190,7 @@ def candidates(out_dir: Path, published: dict | None, log) -> list[tuple[str, st
     bound = published["step"] if published else None
     older, incomplete, newer, gone = [], [], [], abandoned(ckpt)
     for d in sorted(ckpt.iterdir()) if ckpt.is_dir() else []:
-        if not d.is_dir() or d.name == first.get("tag") or d.name in gone:
+        if not d.is_dir() or d.name.startswith(".") or d.name == first.get("tag") or d.name in gone:
             continue
         step = _manifest_step(d)
         if step is None:
@@ -210,7 +219,8 @@ def _abandon(ckpt: Path, resumed: str, step: int, log) -> None:
     history this resume discards (trained past `step` on groups the ledger now generates again), so no later
     fallback may take it. Listed in checkpoint/abandoned.json, not deleted."""
     gone = abandoned(ckpt)
-    new = sorted(d.name for d in ckpt.iterdir() if d.is_dir() and d.name != resumed and d.name not in gone
+    new = sorted(d.name for d in ckpt.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name != resumed
+                 and d.name not in gone
                  and (_manifest_step(d) if _manifest_step(d) is not None else -1) >= step)
     if not new:
         return
@@ -219,6 +229,51 @@ def _abandon(ckpt: Path, resumed: str, step: int, log) -> None:
     tmp.replace(ckpt / ABANDONED)
     log(f"checkpoint: {', '.join(new)} left out of this run from now on (a history after step {step} that this resume "
         f"discards); listed in {ckpt / ABANDONED}, not deleted")
+
+
+# ---------------------------------------------------------------------------------------------- prune
+PRUNED = ".pruned"  # suffix of a tag directory being deleted: `.<tag>.pruned`, never read
+
+
+def lineage(out_dir: Path) -> list[str]:
+    """The complete tags a resume may take, oldest first: the published one and every older tag with a manifest that
+    no resume abandoned (the order `candidates` tries them in, reversed)."""
+    try:
+        published = json.loads((Path(out_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if "checkpoint" not in published:  # an older rlflow's layout: nothing of it is ours to order
+        return []
+    return [tag for tag, _ in reversed(candidates(out_dir, published, lambda _: None))]
+
+
+def prune(out_dir: Path, keep: int | None, log: Callable[[str], None] = print) -> list[str]:
+    """Delete all but the newest `keep` tags of the run's history (None: keep all); returns the tags deleted. Called
+    by the driver right after a save is published (never while one is being written); see the module docstring for
+    what is never pruned."""
+    ckpt = Path(out_dir) / CHECKPOINT_DIR
+    for leftover in ckpt.glob(f".*{PRUNED}") if ckpt.is_dir() else []:  # a prune killed between rename and delete
+        shutil.rmtree(leftover, ignore_errors=True)
+    if keep is None:
+        return []
+    tags = lineage(out_dir)
+    doomed = tags[:-max(keep, 2)]  # the published tag and its fallback, whatever `keep` says
+    for tag in doomed:
+        hidden = ckpt / f".{tag}{PRUNED}"
+        (ckpt / tag).rename(hidden)  # atomic: from here on no resume or export considers it
+        shutil.rmtree(hidden, ignore_errors=True)
+    if doomed:
+        _fsync_dir(ckpt)
+        log(f"checkpoint: pruned {', '.join(doomed)} (keep_checkpoints is {keep}; kept {', '.join(tags[len(doomed):])})")
+    return doomed
+
+
+def inventory(out_dir: Path) -> dict:
+    """What the run's checkpoints cost: the tags of its history, oldest first, and the bytes of everything in
+    checkpoint/ (abandoned and unfinished tags included)."""
+    ckpt = Path(out_dir) / CHECKPOINT_DIR
+    size = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) if ckpt.is_dir() else 0
+    return {"kept": lineage(out_dir), "bytes": size}
 
 
 # ---------------------------------------------------------------------------------------------- load

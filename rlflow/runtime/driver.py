@@ -69,6 +69,7 @@ class Run:
         self.stop_signal: int | None = None  # the signal that stopped the run (rlflow run exits 128 + it)
         self.grace: Grace | None = None  # after SIGTERM: the bound on the stop (stop_signal.py)
         self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
+        self.pruned: list[str] = []  # checkpoint tags this process deleted past keep_checkpoints
         self.step = 0
         self.counts: dict = {}
         self.events: queue.Queue = queue.Queue()
@@ -324,6 +325,10 @@ class Run:
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.saved_step = self.step
         self.log(f"checkpoint at step {self.step}: {path}")
+        try:  # published, so no save is in flight: the older tags past keep_checkpoints go (checkpoint.prune)
+            self.pruned += checkpoint.prune(self.out_dir, self.plan.trainer.keep_checkpoints, log=self.log)
+        except OSError as err:  # a full or read-only disk must not lose the run: the checkpoints stay, said so
+            self.log(f"checkpoint: could not prune older checkpoints ({err}); they are kept")
 
     def _finish_last_step(self, status: str) -> str:
         """The step in flight when the run stops; "FAILED" (nothing to save) when the trainer died meanwhile (a lost
@@ -404,7 +409,8 @@ class Run:
             "startup_s": dict(self.clock.marks), **self.clock.steady(),
             # Ray Data's executor runs in the reward streams' host actors, not the driver (reward_stream.py)
             "reward_stream_cpu_share": sum(filter(None, (s.cpu_share() for s in getattr(self, "streams", [])))) or None,
-            "engine_tokens_per_s": self._decode_rate()}
+            "engine_tokens_per_s": self._decode_rate(),
+            "checkpoints": checkpoint.inventory(self.out_dir) | {"pruned": len(self.pruned)}}
 
     def _decode_rate(self) -> float | None:
         """Completion tokens per second of engine.step, per instance (instances decode side by side)."""

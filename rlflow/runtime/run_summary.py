@@ -36,6 +36,8 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
         export = Path(run_dir) / "export"
         lines.append(f"run directory: {run_dir} ({SUMMARY_FILE}, run.log, checkpoint/"
                      + (", export/)" if export.is_dir() else ")"))
+    if summary.get("checkpoints"):
+        lines.append(checkpoints_line(summary["checkpoints"]))
     if run_dir and (Path(run_dir) / "export").is_dir():
         lines.append(f"the policy: {Path(run_dir) / 'export'} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
     if summary.get("mlflow_run_id"):
@@ -46,3 +48,10 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
             lines.append(f"resume with: rlflow run --resume (the newest run), or --resume {Path(run_dir).name} (this one)")
         lines.append(f"next: rlflow eval {run_dir}   rlflow export {run_dir} -o DIR")
     return lines
+
+
+def checkpoints_line(ckpts: dict) -> str:
+    """E.g. `checkpoints: 3 kept (step-80, step-90, step-100), 290.1 MB; 7 pruned (train.keep_checkpoints)`."""
+    kept, pruned = ckpts.get("kept") or [], ckpts.get("pruned") or 0
+    return (f"checkpoints: {len(kept)} kept ({', '.join(kept)}), {ckpts.get('bytes', 0) / 1e6:.1f} MB"
+            + (f"; {pruned} pruned (train.keep_checkpoints)" if pruned else ""))

@@ -327,7 +327,8 @@ def test_buffered_groups_are_restored_not_generated_again(ray_cluster, workdir):
     """one_step keeps groups in the buffer across checkpoints. The driver dies after the checkpoint at step 2
     with groups buffered or step 3 in flight; --resume puts those groups back (payloads from the ledger, their
     original versions, so their staleness counts from the restored trainer version) instead of generating them
-    again: each ends trained (or dropped, were it now above the bound) with ledger attempt 1."""
+    again: each ends trained (or dropped, were it now above the bound) with ledger attempt 1. With keep_checkpoints 2,
+    the checkpoints of steps 1 and 2 (the one resumed from) are pruned once steps 3 and 4 are saved."""
     import sqlite3
 
     from rlflow.runtime.driver import Run
@@ -336,7 +337,7 @@ def test_buffered_groups_are_restored_not_generated_again(ray_cluster, workdir):
         if run.step >= 2 and (run.buffer.kept or run.sink.ref is not None):
             raise Crash(f"the driver dies at step {run.step}")
 
-    plan = plan_for("one_step", "stages.train.steps=4", "stages.train.checkpoint_every=1")
+    plan = plan_for("one_step", "stages.train.steps=4", "stages.train.checkpoint_every=1", "stages.train.keep_checkpoints=2")
     out = Path(".rlflow/runs/restored")
     with pytest.raises(Crash):
         Run(plan, out_dir=out, log=lambda *a: None, hooks=RunHooks(on_event=dies_after_step_2)).run()
@@ -348,6 +349,8 @@ def test_buffered_groups_are_restored_not_generated_again(ray_cluster, workdir):
     assert resumed.counts["resume_restored_groups"] == len(restorable)
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4]
     assert_ledger(out, steps=4, batch=2, eta=1)
+    assert sorted(d.name for d in (out / "checkpoint").iterdir() if d.is_dir()) == ["step-3", "step-4"]  # none half pruned
+    assert resumed.summary()["checkpoints"] | {"bytes": None} == {"kept": ["step-3", "step-4"], "pruned": 2, "bytes": None}
     db = sqlite3.connect(out / "ledger.sqlite")
     rows = db.execute(f"select gid, state, attempt, step from groups where gid in ({','.join('?' * len(restorable))})",
                       sorted(restorable)).fetchall()
