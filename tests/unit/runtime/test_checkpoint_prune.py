@@ -66,6 +66,7 @@ def test_the_newest_keep_checkpoints_are_kept_and_the_older_ones_pruned(tmp_path
     line = run_summary.checkpoints_line(inv | {"pruned": len(pruned)})
     assert line == (f"checkpoints: 3 kept (step-80, step-90, step-100), {inv['bytes'] / 1e6:.1f} MB; "
                     "7 pruned (train.keep_checkpoints)")
+    assert line in run_summary.describe({"steps": 100, "checkpoints": inv | {"pruned": 7}}, 100)  # the closing lines
 
 
 def test_keep_all_prunes_nothing_and_a_keep_below_two_still_keeps_the_fallback(tmp_path):
