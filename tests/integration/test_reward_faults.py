@@ -19,8 +19,10 @@ def test_a_poison_row_fails_its_trajectories_and_the_run_finishes(ray_cluster, w
     data.write_text("".join(json.dumps({"prompt": f"{a}+2=", "answer": str(a + 2), "poison": a == 3}) + "\n"
                             for a in range(4)))  # one row in four calls os._exit(1); the first 4 draws hold it
     lines: list[str] = []
+    # no group filter: the tiny model, warm-started on these four rows, answers them all right, and uniform groups
+    # would all be dropped (the poison rows' groups are failed, and so never trained, either way)
     run = run_plan(plan_for("quickstart", f"data.source={data}", "stages.score.fn=rewards_for_tests:exits_on",
-                            "stages.train.steps=2"), log=lambda m, **k: lines.append(str(m)))
+                            "stages.train.steps=2", "edges.2.policy.filter=null"), log=lambda m, **k: lines.append(str(m)))
     assert len(run.history) == 2  # the run went on
     named = [ln for ln in lines if "rewards_for_tests:exits_on killed its process (exit code 1) on trajectory" in ln]
     assert named and run.counts["reward_failed"] > 0, lines
