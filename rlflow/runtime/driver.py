@@ -37,6 +37,7 @@ from rlflow.runtime.watchdog import (
     CALL_TIMEOUT_S,
     NO_PROGRESS_BATCHES,
     STALL_FACTOR,
+    WARN_BATCHES,
     ProgressCheck,
     Watchdog,
     get_within,
@@ -121,7 +122,7 @@ class Run:
         self.watchdog = Watchdog(lambda: len(self.metrics.history), factor=trainer.get("stall_factor", STALL_FACTOR))
         self.on_nonfinite = trainer.get("on_nonfinite", "stop")
         self.progress = ProgressCheck(trainer.get("no_progress_groups") or NO_PROGRESS_BATCHES * self.control["batch_size"],
-                                      self.plan.filters(), warn_at=self.control["batch_size"], log=self.log)
+                                      self.plan.filters(), warn_at=WARN_BATCHES * self.control["batch_size"], log=self.log)
         try:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()

@@ -26,6 +26,9 @@ STALL_FACTOR, STALL_MIN_S, STALL_FIRST_S = 20.0, 120.0, 600.0
 #: no_progress_groups default, in batches: a filter keeping 1 group in 25 still trains a batch (after about 24
 #: batches' worth of filtered groups, on average) well before it
 NO_PROGRESS_BATCHES = 50
+#: batches' worth of groups in a row, none trainable, after which a run says so once (a warning, not a stop). One batch
+#: was too few: the quickstart's first 17 groups were all filtered once (its tiny model starts with few mixed groups)
+WARN_BATCHES = 4
 
 
 CALL_TIMEOUT_S = 300  # one blocking actor call (publish, checkpoint save/load, the store taking restored groups)
@@ -89,8 +92,8 @@ class NoProgress(RunFailed):
 class ProgressCheck:
     """Counts the untrainable groups scored since the last trained step; `scored` raises NoProgress at `limit`.
     filters: {reward stage: its group filter}, to name the filter in the message. With `warn_at` and `log`, it says so
-    once, early, when `warn_at` groups in a row could not be trained (a batch's worth: seconds into a run whose rewards
-    are all the same, long before the limit stops it)."""
+    once, early, when `warn_at` groups in a row could not be trained (WARN_BATCHES batches' worth: seconds into a run
+    whose rewards are all the same, long before the limit stops it)."""
 
     def __init__(self, limit: int, filters: dict[str, str], *, warn_at: int | None = None, log=None):
         if limit < 1:

@@ -40,10 +40,10 @@ def test_a_run_whose_every_group_is_filtered_stops_and_says_why(ray_cluster, wor
     assert run.saved_step == 0  # the trainer was alive: a checkpoint to resume from (after fixing the reward)
 
 
-def test_a_run_whose_every_group_is_filtered_is_warned_after_a_batch_long_before_it_stops(ray_cluster, workdir,
+def test_a_run_whose_every_group_is_filtered_is_warned_long_before_it_stops(ray_cluster, workdir,
                                                                                         monkeypatch):
-    """The same policy with room before the stop (40 groups): one batch's worth of untrainable groups in a row is
-    said at once, naming the filter, seconds into the run."""
+    """The same policy with room before the stop (40 groups): four batches' worth of untrainable groups in a row (8
+    here) is said at once, naming the filter, seconds into the run."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     said: list[tuple[float, str]] = []
     plan = runs.plan_for("quickstart", "stages.score.fn=rewards_for_tests:always_zero", "stages.train.no_progress_groups=40")
