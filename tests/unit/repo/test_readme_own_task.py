@@ -27,12 +27,16 @@ def test_the_readme_recipe_compiles_and_its_reward_scores(repo, tmp_path, monkey
     subprocess.run([sys.executable, "make_data.py"], cwd=tmp_path, check=True)
     assert len((tmp_path / "digits.jsonl").read_text().splitlines()) == 4000
     monkeypatch.chdir(tmp_path)
-    plan = compile_pipeline(tmp_path / "sort.yaml")
+    try:
+        plan = compile_pipeline(tmp_path / "sort.yaml")
+    finally:  # compile imported the README's my_rewards.py: later tests in this process name a module so too
+        sys.modules.pop("my_rewards", None)
     assert "warm-started on the training rows of" in model_note(plan)[0]
     what, rows = warm_start_of(Plan.of(plan))
     assert what.endswith("digits.jsonl") and len(rows) > 3000  # 10% held out
     assert all(r["answer"].split() == sorted(r["prompt"].split()[1:-1]) for r in rows[:50])
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from my_rewards import sorted_digits
-
+    spec = importlib.util.spec_from_file_location("readme_my_rewards", tmp_path / "my_rewards.py")
+    rewards = importlib.util.module_from_spec(spec)  # not `import my_rewards`: sys.modules would keep it for later tests
+    spec.loader.exec_module(rewards)
+    sorted_digits = rewards.sorted_digits
     assert sorted_digits(" 1 3 7", "1 3 7") == 1.0 and sorted_digits("3 1 7", "1 3 7") == 0.0
