@@ -1,10 +1,12 @@
 """The scale ladder: weights, memory and trainer throughput on models of real shape, built here (no download).
 
-    python benchmarks/bench_scale.py [--sizes 0.5b 1.5b] [--parts transport memory packing] [--repeat 2]
+    python benchmarks/bench_scale.py [--sizes 0.5b 1.5b] [--parts transport trainer] [--repeat 2]
+    python benchmarks/bench_scale.py --device cuda --parts trainer --sizes 1.5b 3b   (on a GPU host)
 
 Sizes are Qwen2-shaped configs with random weights (0.5b: hidden 896, 24 layers, 14 heads / 2 KV heads,
 MLP 4864, vocab 151,936, tied: 494M parameters; 1.5b: hidden 1536, 28 layers, 12 / 2 heads, MLP 8960: 1.54B;
-135m: SmolLM2-135M's Llama shape, for a quick run). Parts:
+3b: hidden 2048, 36 layers, 16 / 2 heads, MLP 11008: 3.09B; 7b: hidden 3584, 28 layers, 28 / 4 heads, MLP 18944,
+untied: 7.6B; 135m: SmolLM2-135M's Llama shape, for a quick run). Parts:
 
 - transport: one weight version from a trainer actor to a rollout actor, in bf16 (the GPU training dtype), in
   256 MiB buckets, over each transport rlflow has (`weight_sync.transport`), next to this machine's memcpy
@@ -15,6 +17,10 @@ MLP 4864, vocab 151,936, tied: 494M parameters; 1.5b: hidden 1536, 28 layers, 12
   params + grads + Adam states estimate (16 bytes per parameter in fp32); goal within 1.3x.
 - packing: trainer tokens/s padded vs packed, with and without activation checkpointing, on completions with
   builtin:repeat's long-tailed lengths; goal: packing >= 1.5x.
+
+With `--device cuda` the trainer rows run on the GPU in bf16 (DeepSpeed's bf16 mode keeps fp32 master weights and
+Adam states, so the analytic bytes stay 16 per parameter), with a larger batch (TRAIN_BATCH_GPU), and peak memory is
+torch.cuda.max_memory_allocated; results go to benchmarks/results/scale_gpu.md.
 
 Prints a table per part and writes benchmarks/results/scale.md. The simulator's weight-sync cost reads the
 transport rows (rlflow/sim/config.py).
@@ -37,6 +43,10 @@ QWEN2 = {  # Qwen2's published shapes; random weights
              "num_key_value_heads": 2},
     "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2},
+    "3b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+           "num_key_value_heads": 2},
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "tie_word_embeddings": False},
 }
 COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 4096, "rope_theta": 1e6}
 SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -49,7 +59,7 @@ def config_for(size: str):
 
     if size == "135m":
         return transformers.LlamaConfig(**SMOLLM2_135M)
-    return transformers.Qwen2Config(**COMMON, **QWEN2[size])
+    return transformers.Qwen2Config(**{**COMMON, **QWEN2[size]})
 
 
 def build_model(size: str, dtype: str):
@@ -223,6 +233,8 @@ def transport_table(size: str, rows: list[dict]) -> list[str]:
 #: the trainer rows' batch: groups x group size, prompt tokens, and the longest completion (builtin:repeat's law
 #: of 1 + lognormal(0.8, 0.7) words, at most 16, scaled so 16 words fill max_new_tokens)
 TRAIN_BATCH = {"groups": 4, "group_size": 4, "prompt_tokens": 16, "max_new_tokens": 128, "micro_batch_size": 8}
+#: on a GPU: a step of a real job's shape (64 trajectories, completions up to 1024 tokens)
+TRAIN_BATCH_GPU = {"groups": 8, "group_size": 8, "prompt_tokens": 64, "max_new_tokens": 1024, "micro_batch_size": 4}
 
 
 def repeat_lengths(n: int, max_new_tokens: int, seed: int = 0) -> list[int]:
@@ -240,8 +252,9 @@ def save_model(size: str, out: Path) -> Path:
     return out
 
 
-def train_child(model_dir: str, packing: bool, checkpointing: bool, steps: int) -> dict:
-    """One trainer configuration in this (fresh) process: seconds and tokens per step, peak RSS, parameters."""
+def train_child(model_dir: str, packing: bool, checkpointing: bool, steps: int, device: str = "cpu") -> dict:
+    """One trainer configuration in this (fresh) process: seconds and tokens per step, peak memory (RSS on CPU,
+    allocated GPU memory on cuda), parameters."""
     import random
     import resource
 
@@ -250,12 +263,14 @@ def train_child(model_dir: str, packing: bool, checkpointing: bool, steps: int) 
     from rlflow.stages.trainer import DeepSpeedTrainer
     from rlflow.stages.trajectory import Trajectory
 
+    cuda = device == "cuda"
     torch.set_num_threads(1)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # imports, before any weights
-    b = TRAIN_BATCH
+    base_rss = 0 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # imports, before any weights
+    b = TRAIN_BATCH_GPU if cuda else TRAIN_BATCH
     trainer = DeepSpeedTrainer(model_dir, str(Path(__file__).parents[1] / "configs" / "deepspeed" / "zero1.json"),
                                lr=1e-6, clip_low=0.2, clip_high=0.28, loss_agg="token", kl_coef=0.0,
-                               max_importance_ratio=5.0, micro_batch_size=b["micro_batch_size"], dtype="float32",
+                               max_importance_ratio=5.0, micro_batch_size=b["micro_batch_size"],
+                               dtype="bfloat16" if cuda else "float32",
                                packing=packing, gradient_checkpointing=checkpointing)
     params = sum(p.numel() for p in trainer.engine.module.parameters())
     vocab = trainer.engine.module.config.vocab_size
@@ -272,19 +287,24 @@ def train_child(model_dir: str, packing: bool, checkpointing: bool, steps: int) 
     for _ in range(steps):
         t0 = time.perf_counter()
         out = trainer.train_step(trajs, b["group_size"])
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"params": params, "step_s": min(times[1:] or times), "tokens": tokens, "peak_bytes": peak,
             "base_bytes": base_rss, "trained_tokens": out["tokens"]}
 
 
-def run_child(model_dir: Path, packing: bool, checkpointing: bool, steps: int) -> dict:
+def run_child(model_dir: Path, packing: bool, checkpointing: bool, steps: int, device: str = "cpu") -> dict:
     import json
     import subprocess
 
-    cmd = [sys.executable, __file__, "--child", str(model_dir), str(int(packing)), str(int(checkpointing)), str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+    cmd = [sys.executable, __file__, "--child", str(model_dir), str(int(packing)), str(int(checkpointing)), str(steps),
+           device]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -296,26 +316,31 @@ def analytic_bytes(params: int) -> int:
     return 16 * params
 
 
-def trainer_rows(size: str, tmp: Path, steps: int) -> list[str]:
+def trainer_rows(size: str, tmp: Path, steps: int, device: str = "cpu") -> list[str]:
     import psutil
+    import torch
 
+    cuda = device == "cuda"
+    total = torch.cuda.get_device_properties(0).total_memory if cuda else psutil.virtual_memory().total
+    where = "this GPU's" if cuda else "this machine's"
     params_estimate = config_params(size)
-    if analytic_bytes(params_estimate) > 0.8 * psutil.virtual_memory().total:
+    if analytic_bytes(params_estimate) > 0.8 * total:
         return [f"\n### {size}: not run here",
-                f"params + grads + Adam for {params_estimate / 1e9:.2f}B parameters in fp32 is "
-                f"{analytic_bytes(params_estimate) / 2**30:.1f} GiB, over 80% of this machine's "
-                f"{psutil.virtual_memory().total / 2**30:.0f} GiB (a GPU host, or ZeRO-3 over ranks, runs it)."]
+                f"params + grads + Adam for {params_estimate / 1e9:.2f}B parameters (fp32 states) is "
+                f"{analytic_bytes(params_estimate) / 2**30:.1f} GiB, over 80% of {where} "
+                f"{total / 2**30:.0f} GiB (ZeRO-3 over ranks, or a larger GPU, runs it)."]
     model_dir = save_model(size, tmp / size)
     results = {}
     for packing in (False, True):
         for checkpointing in (False, True):
             print(f"{size}: trainer packing={packing} checkpointing={checkpointing} ...", flush=True)
-            results[(packing, checkpointing)] = run_child(model_dir, packing, checkpointing, steps)
+            results[(packing, checkpointing)] = run_child(model_dir, packing, checkpointing, steps, device)
     base = results[(False, False)]
+    b = TRAIN_BATCH_GPU if cuda else TRAIN_BATCH
     lines = [f"\n### {size}: {base['params'] / 1e6:.0f}M parameters, {base['tokens']} tokens per step "
-             f"({TRAIN_BATCH['groups']}x{TRAIN_BATCH['group_size']} trajectories, repeat-law lengths up to "
-             f"{TRAIN_BATCH['max_new_tokens']}), ZeRO-1, fp32, one rank\n",
-             "| micro-batches | activation checkpointing | s/step | tokens/s | vs padded | peak RSS GiB | "
+             f"({b['groups']}x{b['group_size']} trajectories, repeat-law lengths up to "
+             f"{b['max_new_tokens']}), ZeRO-1, {'bf16 on the GPU' if cuda else 'fp32'}, micro-batch {b['micro_batch_size']}, one rank\n",
+             f"| micro-batches | activation checkpointing | s/step | tokens/s | vs padded | peak {'GPU' if cuda else 'RSS'} GiB | "
              "analytic GiB | peak / analytic |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for (packing, checkpointing), r in results.items():
         rate = r["tokens"] / r["step_s"]
@@ -343,17 +368,18 @@ def _num(value, unit: str = "") -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["135m", "0.5b", "1.5b"])
+    ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["135m", "0.5b", "1.5b", "3b", "7b"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the trainer rows run")
     ap.add_argument("--parts", nargs="+", default=["transport", "trainer"], choices=["transport", "trainer"])
     ap.add_argument("--repeat", type=int, default=4, help="rounds per transport (the first ones warm the buffers)")
     ap.add_argument("--steps", type=int, default=2, help="trainer steps per configuration (the first is warm-up)")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         import json
 
-        model_dir, packing, checkpointing, steps = args.child
-        print(json.dumps(train_child(model_dir, packing == "1", checkpointing == "1", int(steps))))
+        model_dir, packing, checkpointing, steps, device = args.child
+        print(json.dumps(train_child(model_dir, packing == "1", checkpointing == "1", int(steps), device)))
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -363,9 +389,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     lines = ["# Scale ladder\n",
              f"`python benchmarks/bench_scale.py --sizes {' '.join(args.sizes)} --parts {' '.join(args.parts)} "
-             f"--repeat {args.repeat}`  ",
+             f"--repeat {args.repeat} --steps {args.steps}{' --device cuda' if args.device == 'cuda' else ''}`  ",
              (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-              f"torch {torch.__version__}, ray {ray.__version__}; one thread per process; best of {args.repeat}.\n")]
+              f"torch {torch.__version__}, ray {ray.__version__}"
+              f"{', ' + torch.cuda.get_device_name(0) if args.device == 'cuda' else ''}; one thread per process; "
+              f"best of {args.repeat}.\n")]
     if "transport" in args.parts:
         lines += ["## Weights: one version, trainer actor -> rollout actor\n",
                   "GB/s is the version's bytes (bf16; the fp32 copy for `before`) over publish + pull seconds."]
@@ -379,17 +407,20 @@ def main(argv=None) -> int:
                 print("\n".join(lines[-6:]), flush=True)
             finally:
                 ray.shutdown()
+    results = RESULTS.with_name("scale_gpu.md") if args.device == "cuda" else RESULTS
     if "trainer" in args.parts:
         import tempfile
 
         lines += ["\n## Trainer: memory and tokens/s, padded vs packed, activation checkpointing off vs on\n",
-                  "Peak RSS is the trainer process's maximum resident memory less what it held before building the model "
-                  "(imports). One process per row."]
+                  ("Peak GPU is torch.cuda.max_memory_allocated over the run. One process per row." if args.device == "cuda"
+                   else "Peak RSS is the trainer process's maximum resident memory less what it held before building "
+                   "the model (imports). One process per row.")]
         with tempfile.TemporaryDirectory() as tmp:
             for size in args.sizes:
-                lines += trainer_rows(size, Path(tmp), args.steps)
+                lines += trainer_rows(size, Path(tmp), args.steps, args.device)
                 print("\n".join(lines[-6:]), flush=True)
-    publish_table(RESULTS, lines)
+                results.write_text("\n".join(lines) + "\n")  # each size as it lands: a later one may not finish
+    publish_table(results, lines)
     return 0
 
 
