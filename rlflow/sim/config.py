@@ -121,6 +121,10 @@ class SimConfig:
     elastic_window: int = 3  # train steps measured per automatic decision
     instance_start_s: float = 0.0  # seconds an added instance takes to start before it loads weights
     trainer: TrainerModel = field(default_factory=lambda: TrainerModel(t_step=1.0))
+    # control costs: the hops between actors that `rlflow run` pays on top of compute, measured per hop by
+    # benchmarks/bench_step_latency.py (configs/control_costs/); 0 keeps the closed form's instant hand-offs
+    reward_latency_s: float = 0.0  # a group's last sample finished -> the group in the buffer (store, reward, queue)
+    step_control_s: float = 0.0  # per train step outside trainer compute: call, payload take, publish, weight load
     steps: int = 100  # train steps to simulate
     warmup_steps: int = 10  # steps excluded from steady-state statistics
     seed: int = 0
@@ -155,6 +159,9 @@ class SimConfig:
             errors.append(f"env_latency: unknown {self.env_latency!r}; use one of {ENV_LATENCY}")
         if self.env_latency_s < 0:
             errors.append(f"env_latency_s: must be >= 0 s, got {self.env_latency_s}")
+        for name in ("reward_latency_s", "step_control_s"):
+            if getattr(self, name) < 0:
+                errors.append(f"{name}: a control cost must be >= 0 s, got {getattr(self, name)}")
         for name in ("instances", "slots", "group_size", "batch_groups", "steps", "turns"):
             if getattr(self, name) < 1:
                 errors.append(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -12,6 +12,7 @@ from rlflow.operators.cost_profile import CostProfile
 from rlflow.plan_model import Plan
 from rlflow.plan_read import PlanCoordination, named_profile, stage_coordination, stage_length_law
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
+from rlflow.sim.control_costs import ControlCosts
 from rlflow.sim.lengths import expected_length
 
 DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
@@ -178,10 +179,12 @@ def decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: Le
 
 def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instances: int | dict[str, int] | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
-               seed: int | None = None, scale: tuple = ()) -> tuple[SimConfig, list[str]]:
+               seed: int | None = None, scale: tuple = (), control_costs: str | None = None) -> tuple[SimConfig, list[str]]:
     """The simulation of `plan`, and notes on what was assumed. instances: an int (single-stage plans), or rollout
     stage name -> instances; default each stage's replicas. scale: ((after_step, instances), ...), what `rlflow
-    scale` would ask of an elastic stage during the run. Several rollout stages: one fleet each (cost_model mode)."""
+    scale` would ask of an elastic stage during the run. Several rollout stages: one fleet each (cost_model mode).
+    control_costs: a control-costs file (path, or name in configs/control_costs/), None for the shipped one, 'none'
+    for instant hand-offs between actors."""
     notes: list[str] = []
     plan = Plan.of(plan)
     why = not_simulable(plan)
@@ -253,4 +256,16 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
                      + (f", summed over {len(rollouts)} rollout stages" if len(rollouts) > 1 else "")
                      + "); set workload.train_tokens_per_s or --train-tokens-per-s")
     trainer = TrainerModel(s_per_token=1.0 / v_t)
-    return SimConfig(**config_kw, trainer=trainer, **common), notes
+    return SimConfig(**config_kw, trainer=trainer, **common, **control_cost_fields(control_costs, notes)), notes
+
+
+def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:
+    """reward_latency_s / step_control_s from a control-costs file (sim/control_costs.py), with a note saying which."""
+    if control_costs == "none":
+        notes.append("control costs: none (hand-offs between actors take no time)")
+        return {}
+    costs = ControlCosts.load(control_costs)
+    notes.append(f"control costs from {costs.path.name} ({costs.source}): {costs.reward_latency_s * 1000:.0f} ms from a "
+                 f"group's last sample to the buffer, {costs.step_control_s * 1000:.0f} ms per train step outside "
+                 "trainer compute; measured on a small CPU run, pass control_costs='none' to leave them out")
+    return {"reward_latency_s": costs.reward_latency_s, "step_control_s": costs.step_control_s}

@@ -2,8 +2,9 @@
 
 The loop drives a real StalenessPolicy (operators/policy_kinds.py `make_policy`) exactly as an executor
 must: verify(weights version) then reserve when a unit has room; occupy(min member version) when
-all S samples of a group finished; consume() when the trainer is idle and the policy is ready; the
-weights version advances when the step ends and is published to the rollout side. A multi-turn sample
+all S samples of a group finished (reward_latency_s later: the hops to the buffer); consume() when the
+trainer is idle and the policy is ready; the weights version advances when the step ends (its compute
+plus step_control_s) and is published to the rollout side. A multi-turn sample
 finishes when its last turn does; the policy never sees its turns or environment steps.
 """
 
@@ -184,6 +185,15 @@ class Simulation:
         group.min_version = sample.version if group.min_version is None else min(group.min_version, sample.version)
         if group.remaining:
             return
+        if self.cfg.reward_latency_s > 0:  # payload store, reward stream, driver queue: the group stays in flight
+            self.schedule(self.now + self.cfg.reward_latency_s, self._group_scored, group)
+        else:
+            self._group_scored(group)
+
+    def _group_scored(self, group: Group) -> None:
+        """A completed group reaches the buffer (the policy); one the policy let go of meanwhile is not offered."""
+        if self.groups.get(group.gid) is not group:
+            return
         self._forget(self.policy.occupy(group.gid, group.min_version))
         self.state_epoch += 1
 
@@ -217,7 +227,11 @@ class Simulation:
             lengths.extend(group.lengths)
             tokens += sum(group.lengths) + self.cfg.prompt_tokens * len(group.lengths)
             groups.append(group)
-        duration = self.cfg.trainer.step_time(tokens)
+        compute = self.cfg.trainer.step_time(tokens)
+        # the step's control hops (buffer -> trainer call, payload take, publish, result, weight dispatch and load)
+        # hold the trainer, so the next step cannot start, and the new weights, so rollout waits on them; only
+        # `compute` counts as trainer busy, as the run's step_time_s does
+        duration = compute + self.cfg.step_control_s
         if step >= self.cfg.warmup_steps:
             if self._stage_trained is not None:
                 self._count_stages(groups)
@@ -227,7 +241,7 @@ class Simulation:
             self._trained_lengths.extend(lengths)
             self._trained_tokens += tokens
             self._trained_samples += len(lengths)
-            self._train_busy += duration
+            self._train_busy += compute
         self._training = True
         self._train_steps.append((self.now, self.now + duration))
         self.schedule(self.now + duration, self._on_train_end, step)

@@ -46,6 +46,8 @@ def configs(draw):
         weight_sync=sync,
         partial_rollout=draw(st.booleans()),
         trainer=TrainerModel(t_step=draw(st.sampled_from([0.5, 5.0, 50.0]))),
+        reward_latency_s=draw(st.sampled_from([0.0, 0.3, 20.0])),  # control costs (issue #33): hops to the buffer
+        step_control_s=draw(st.sampled_from([0.0, 0.2])),
         steps=8,
         warmup_steps=1,
         seed=draw(st.integers(0, 3)),
