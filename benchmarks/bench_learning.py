@@ -14,7 +14,6 @@ synchronous run's at equal steps) and writes benchmarks/results/learning.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -23,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from run_output import run_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "learning.md"
@@ -59,7 +60,7 @@ def run(name: str, mode: str, args, scratch: Path) -> dict:
     text = log.read_text()
     if rc != 0:
         sys.exit(f"{name}/{mode}: rlflow exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-15:]))
-    summary = json.loads(text[text.rindex("\n{\n") :])
+    summary = run_summary(work, f"{name}/{mode}")
     curve = eval_curve(work / "mlflow.db", summary["mlflow_run_id"])
     print(f"  {name} {mode:>5s}: {wall:5.0f} s, accuracy " + " → ".join(f"{a:.3f}" for _, _, a in curve), flush=True)
     return {"wall_s": wall, "curve": curve, "summary": summary}

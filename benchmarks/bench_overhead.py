@@ -23,7 +23,6 @@ export, MLflow, Ray shut down). Columns:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -32,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from run_output import run_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "overhead.md"
@@ -63,12 +64,11 @@ def run(pipeline: str, steps: int, run_steps: int, scratch: Path) -> dict:
     exit_s = time.monotonic() - last_step_t if last_step_t else float("nan")
     log.close()
     out = "".join(text)
-    if rc not in ((0, 130) if stopped else (0,)) or "\n{\n" not in out:  # 130: stopped by the Ctrl-C we sent
+    if rc not in ((0, 130) if stopped else (0,)):  # 130: stopped by the Ctrl-C we sent
         sys.exit(f"{pipeline} with {steps} steps: rlflow run exited {rc}; see {work / 'run.log'}")
-    summary = json.loads(out[out.rindex("\n{\n"):])
-    tail = out[: out.rindex("\n{\n")]
+    summary = run_summary(work, f"{pipeline} with {steps} steps")
     return {"steps": steps, "summary": summary, "exit_s": exit_s, "stopped": stopped,
-            "traceback": "Traceback (most recent call last)" in tail}
+            "traceback": "Traceback (most recent call last)" in out}
 
 
 def table(results: list[dict]) -> list[str]:

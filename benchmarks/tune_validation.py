@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from run_output import run_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "tune_validation.md"
 PIPELINE = "quickstart"
@@ -146,7 +148,7 @@ def run_point(name: str, sets: list[str], steps: int, scratch: Path, timeout_s: 
     text = log.read_text()
     if rc != 0:
         sys.exit(f"{name}: rlflow exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-15:]))
-    summary = json.loads(text[text.rindex("\n{\n"):])
+    summary = run_summary(work, name)
     return {"work": work, "wall_s": wall, "summary": summary, "load": (before, load1()), "sets": sets}
 
 

@@ -55,6 +55,8 @@ import threading
 import time
 from pathlib import Path
 
+from run_output import run_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "vs_trl.md"
 VENV = Path.home() / ".cache" / "rlflow" / "bench-trl-venv"
@@ -320,7 +322,7 @@ def run_rlflow(mode: str, args, scratch: Path) -> dict:
     text = log.read_text()
     if rc != 0:
         sys.exit(f"rlflow {mode}: exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-20:]))
-    summary = json.loads(text[text.rindex("\n{\n"):])
+    summary = run_summary(work, f"rlflow {mode}")
     steps = step_rows(work / "mlflow.db", summary["mlflow_run_id"])
     tokens = sum(tok for _, _, tok in steps)
     ordered = sorted(steps)

@@ -22,5 +22,6 @@ Beside the path: launch.py starts a run, run_setup.py builds it from the plan, r
 ledger, checkpoint.py saves and loads it, hooks.py lets tests and tools watch the driver's loop, scaling.py adds or
 removes rollout instances, dispatch_lanes.py is StreamRL's skew-aware dispatch, evaluation.py and export.py use the
 weights, and metrics.py, tracking.py, progress.py, run_clock.py, watchdog.py, stop_signal.py, run_lock.py and
-reaper.py keep the run observable and owned.
+reaper.py keep the run observable and owned; hop_trace.py times each hop when a benchmark asks
+(benchmarks/bench_step_latency.py).
 """

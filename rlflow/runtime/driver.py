@@ -27,9 +27,9 @@ import ray
 
 from rlflow.errors import RunFailed
 from rlflow.plan_model import Plan
-from rlflow.runtime import checkpoint, run_setup
+from rlflow.runtime import checkpoint, hop_trace, run_setup
 from rlflow.runtime.hooks import RunHooks
-from rlflow.runtime.messages import StepResult
+from rlflow.runtime.messages import ScoredBatch, StepResult
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
@@ -210,16 +210,21 @@ class Run:
                 raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
                                 f"{RESUME_HINT}") from None
             self._on_trained(trained)
+        if tag == "rewarded" or tag[0] == "train":  # the policy may admit more now, or a version is new
+            for f in self.fleets:
+                f.coordination.poke()
         self.ledger.flush()
 
-    def _on_rewarded(self, stage: str, batch: dict) -> None:
+    def _on_rewarded(self, stage: str, batch: ScoredBatch) -> None:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
         self.clock.mark("first_scored")
+        hop_trace.mark("received", sorted(batch.group_ids()))
         for task, scored in self.buffer.rewarded_batch(batch):
             self.metrics.rewarded(task, scored)
 
     def _consume(self) -> None:
         batch = self.buffer.consume()
+        hop_trace.mark("consumed", list(batch.groups))
         rewards = batch.rewards
         staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
         self.ledger.trained(self.step + 1, staleness, list(rewards))
@@ -255,6 +260,7 @@ class Run:
         self.step += 1
         self.progress.trained()
         self.weights.refresh()
+        hop_trace.mark("trained", self.weights.version)  # the version this step published
         now = time.monotonic()
         wall = max(now - self.last_step_t, 1e-9)
         self.last_step_t = now

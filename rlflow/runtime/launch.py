@@ -26,7 +26,7 @@ from pathlib import Path
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.placement import check_cluster, embedded_resources
 from rlflow.plan_model import Plan
-from rlflow.runtime import reaper, run_lock, stop_signal
+from rlflow.runtime import hop_trace, reaper, run_lock, stop_signal
 
 RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time, overrides
@@ -292,6 +292,8 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         check_local_gpus(plan)  # the embedded cluster gets the plan's resolved GPU count (resources.num_gpus)
     if started:
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **quiet}}
+        if hop_trace.enabled():  # benchmarks/bench_step_latency.py: every worker writes its hops too
+            env["env_vars"][hop_trace.ENV] = os.environ[hop_trace.ENV]
         # user modules the compiler found beside the pipeline or in the working dir, for every worker: on a
         # cluster uploaded through the runtime env (other nodes lack these paths), on this machine by path
         dirs = plan.python_path if not address else []

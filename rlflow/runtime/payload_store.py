@@ -54,10 +54,13 @@ class PayloadStore:
         self._event(stage).set()
 
     async def next_groups(self, stage: str, timeout_s: float = 5.0, max_groups: int = 64,
-                          max_in_flight: int | None = None) -> list[GroupToScore] | None:
+                          max_in_flight: int | None = None, tick_s: float | None = None) -> list[GroupToScore] | None:
         """Up to max_groups whole groups for `stage` (light fields only: no token ids), keeping at most
-        max_in_flight pulled but not delivered. Waits up to timeout_s; [] on timeout; None once the stage ended."""
+        max_in_flight pulled but not delivered. Waits up to timeout_s, or only tick_s while groups it handed out
+        are not delivered yet (reward_stream.py's tick); [] on timeout; None once the stage ended."""
         deadline = time.monotonic() + timeout_s
+        if tick_s is not None and self._pulled[stage] > self._delivered[stage]:
+            deadline = min(deadline, time.monotonic() + tick_s)
         q = self._queues.setdefault(stage, deque())
         while not self._ended_(stage) and (not q or self._credit(stage, max_in_flight) <= 0):
             event = self._event(stage)

@@ -1,4 +1,4 @@
-"""One reward stage as a live Ray Data stream: payload store -> reward -> group filter -> the driver's queue.
+"""One reward stage as a live Ray Data stream: payload store -> reward and group filter -> the driver's queue.
 
 The source is a custom Datasource with one read task that pulls complete groups from the store until the store
 ends the stage: no tick budget, so start-up does not depend on the number of training steps. Back-pressure is
@@ -6,7 +6,8 @@ credit-based: the store hands out at most IN_FLIGHT_PER_ACTOR x concurrency grou
 received (Ray Data's own back-pressure counts object-store bytes, and small bundles never reach it), so the
 rest wait in the store.
 
-Rows: one row is one pull, a bundle of whole groups (column `groups`, a list of group structs). The group filter
+Rows: one row is one pull, a bundle of whole groups (column `groups`, a list of group structs); a tick is a row
+with no groups (see TICK_S), which flows through and is dropped at the output. The group filter
 needs whole groups and the reward is per trajectory; bundling keeps per-block overhead off each group (a block
 per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
@@ -40,6 +41,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
+from rlflow.runtime import hop_trace
 from rlflow.runtime.messages import ScoredBatch
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 from rlflow.runtime.reward_call import (
@@ -54,6 +56,13 @@ from rlflow.runtime.reward_call import (
 from rlflow.runtime.reward_process import RewardDied, RewardFailed, RewardProcess
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
+#: TICK_S after each bundle, if nothing new came, the source yields one tick (a row with no groups). Ray Data 2.60's
+#: scheduling loop waits, each turn, until every running task has output or 0.1 s passed, and the live source
+#: always runs: without the tick a bundle scored in less than 0.1 s sat until that timeout before moving on, once per
+#: round of generation (benchmarks/results/step_latency.md). A tick costs one turn of that loop and an empty Score
+#: call; ticking every TICK_S while groups were in the stream instead cost the engine more CPU than it saved here.
+TICK_S = 0.02
+TICK = {"groups": []}
 MAX_GROUPS_PER_PULL = 16  # the most groups one bundle (row) holds
 IN_FLIGHT_PER_ACTOR = 64  # groups pulled but not yet delivered, per reward actor (the back-pressure window)
 CLOSE_TIMEOUT_S = 10.0
@@ -84,12 +93,19 @@ class GroupSource(Datasource):
                     # Ray re-ran this read task after its worker died: the groups the dead one had pulled are
                     # gone. Ray Data 2.60 may swallow this error (the stream then just ends); either way it fails.
                     raise RuntimeError(f"the source of reward stage '{stage}' restarted after its worker died")
+                tick_due = False  # one tick after each bundle (TICK_S)
                 while True:
-                    rows = ray.get(store.next_groups.remote(stage, PULL_TIMEOUT_S, MAX_GROUPS_PER_PULL, max_in_flight))
+                    rows = ray.get(store.next_groups.remote(stage, PULL_TIMEOUT_S, MAX_GROUPS_PER_PULL, max_in_flight,
+                                                            TICK_S if tick_due else None))
                     if rows is None:  # the stage was ended: RewardStream.close() or PayloadStore.close()
                         return
                     if rows:  # GroupToScore messages, as Arrow rows from here on
+                        hop_trace.mark("pulled", [g.group_id for g in rows])
                         yield pa.Table.from_pylist([{"groups": [g.as_row() for g in rows]}])
+                        tick_due = True
+                    elif tick_due:  # nothing new since: a tick, so the executor's next turn ends with the bundle's Score
+                        yield pa.Table.from_pylist([TICK])
+                        tick_due = False
             except ray.exceptions.RayError as e:  # re-raised plainly: Ray's own may not deserialize in the driver
                 raise RuntimeError(f"reward stage '{stage}' lost the payload store: {type(e).__name__}") from None
 
@@ -126,16 +142,25 @@ def _each_group(bundles: pa.Table):
 class Score:
     """Ray Data actor: reward per trajectory, each call in this actor's child process (reward_process.py); a
     failing call marks that trajectory failed, not the stream. A group carries `stage_error` ("" or why the stage
-    must stop: TIMEOUTS_IN_A_ROW timeouts in a row), which StreamRunner turns into the stage's error."""
+    must stop: TIMEOUTS_IN_A_ROW timeouts in a row), which StreamRunner turns into the stage's error, and `kept`,
+    the group filter's verdict on its rewards.
 
-    def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S):
+    The filter runs here, on the group just scored, rather than as a second operator: every hand-off between
+    Ray Data operators waits for a turn of the streaming executor's scheduling loop (up to 0.1 s each in Ray
+    2.60), and a synchronous step pays it once per round of generation (benchmarks/results/step_latency.md)."""
+
+    def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S, filter_fn: str | None = None):
         self.fn_ref, self.timeout_s = fn_ref, timeout_s
+        self.filter = registry.resolve("filter", filter_fn) if filter_fn else None
         self.process = RewardProcess(fn_ref, timeout_s)
         self.timeouts_in_row = 0  # across bundles: a hang on every row stops the stage in a few timeouts
         self.hung = ""  # why this stage must stop, once TIMEOUTS_IN_A_ROW calls in a row timed out
 
     def __call__(self, bundles: pa.Table) -> pa.Table:
         scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
+        for g in (g for bundle in scored for g in bundle):
+            g["kept"] = filter_verdict(self.filter, g["reward"], g["reward_error"])
+        hop_trace.mark("scored", [g["group_id"] for bundle in scored for g in bundle])
         return pa.Table.from_pydict({"groups": scored})
 
     def score(self, g: dict) -> dict:
@@ -178,18 +203,6 @@ class Score:
         return value, ""
 
 
-class FilterGroups:
-    """Ray Data actor: the group filter's verdict per group (`kept`)."""
-
-    def __init__(self, fn_ref: str | None):
-        self.fn = registry.resolve("filter", fn_ref) if fn_ref else None
-
-    def __call__(self, bundles: pa.Table) -> pa.Table:
-        judged = [[{**g, "kept": filter_verdict(self.fn, g["reward"], g["reward_error"])} for g in b]
-                  for b in bundles.column("groups").to_pylist()]
-        return pa.Table.from_pydict({"groups": judged})
-
-
 def per_trajectory(bundles: pa.Table) -> dict:
     """Bundles of judged groups -> the output batch, one entry per trajectory (with v_min, v_max when the groups
     carry the store's version spans)."""
@@ -222,11 +235,9 @@ class StreamRunner:
             self.dataset = (
                 ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
                                          override_num_blocks=1, num_cpus=0.01)
-                .map_batches(Score, fn_constructor_args=(reward_fn, reward_timeout_s), batch_size=None, batch_format="pyarrow",
-                             compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus, **RESTARTS,
-                             **({"resources": resources} if resources else {}))  # stages.<reward>.resources
-                .map_batches(FilterGroups, fn_constructor_args=(filter_fn,), batch_size=None, batch_format="pyarrow",
-                             compute=ActorPoolStrategy(size=1), num_cpus=0.01, **RESTARTS)
+                .map_batches(Score, fn_constructor_args=(reward_fn, reward_timeout_s, filter_fn), batch_size=None,
+                             batch_format="pyarrow", compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
+                             **RESTARTS, **({"resources": resources} if resources else {}))  # stages.<reward>.resources
             )
 
     def start(self, out: queue.Queue) -> None:
@@ -244,6 +255,7 @@ class StreamRunner:
                                                               self.reward_timeout_s)))
                     return
                 if batch["traj_id"]:
+                    hop_trace.mark("streamed", sorted(set(batch["group_id"])))
                     out.put(("rewarded", self.stage, ScoredBatch.from_columns(batch)))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
                     self.failures.add(batch["reward_error"])
@@ -312,6 +324,12 @@ class StreamHost:
 
 
 NEXT_WAIT_S = 2.0  # the driver's long poll on StreamHost.next
+#: the host's process only (Ray Data reads it at import): the streaming executor emits each finished block in the
+#: scheduling-loop turn that sees it, instead of handing its metadata to a background thread and emitting it a turn
+#: later. A turn waits up to 0.1 s while the live source has nothing, so the deferral cost each hand-off (the source
+#: to Score, Score to the output) about that much per round of generation (benchmarks/results/step_latency.md);
+#: the metadata of these one-bundle blocks is small, so fetching it inline does not hold the loop up.
+HOST_ENV = {"RAY_DATA_METADATA_PREFETCH_ON_THREAD": "0"}
 
 
 class RewardStream:
@@ -327,7 +345,7 @@ class RewardStream:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._cpu_share: float | None = None  # read from the host when it closes
-        self.host = StreamHost.remote(store, {
+        self.host = StreamHost.options(runtime_env={"env_vars": HOST_ENV}).remote(store, {
             "stage": stage, "reward_fn": reward_fn, "filter_fn": filter_fn, "concurrency": concurrency,
             "num_cpus": num_cpus, "source": source, "resources": resources,
             "reward_timeout_s": REWARD_TIMEOUT_S})  # read here, in the driver, where a test may have changed it

@@ -11,7 +11,11 @@ fleet (rollout_fleet.py), every strategy included, vanilla least-loaded routing 
   instances until every alive one has returned; the snapshot is their last report plus commands still
   queued for them, and the commands (Route -> routes, Interrupt -> interrupts, Pull -> pull) apply at
   the start of the next step. A Route for a trajectory being interrupted waits for it (§5.2).
-- A cycle is due every `interval_s`, and as soon as an instance that had work has run out of it.
+- A cycle is due every `interval_s`, and as soon as an instance that had work has run out of it, or an idle
+  instance could get work: the driver pokes the coordinator when the staleness policy's state changed (a step
+  trained, a version was published, scored groups were filtered out), so an idle instance is not left waiting
+  out the interval. StaleFlow §5.2 takes snapshots periodically; a synchronous step (eta = 0) would otherwise
+  pay up to interval_s twice per round of generation (benchmarks/results/step_latency.md).
 - The speculative state P (Table 1, Eq. 1) validates every snapshot; aborts from the staleness side lower
   P when issued and are undone if the trajectory finished first; complete_trajs counts from the last
   delivered Pull. If several snapshots in a row disagree (vLLM keeps generating between steps), P is
@@ -63,6 +67,7 @@ class RolloutCoordinator:
         self.next_cycle = 0.0
         self.holding = False  # a cycle is due: instances that return are held until all have
         self.idle_after_cycle: set[int] = set()  # instances the last cycle left without work
+        self.poked = False  # the policy's state changed since the last cycle: an idle instance may get work now
         self._rejected_in_row = 0
         self.counts = counts
         for k in COUNTS:
@@ -121,7 +126,12 @@ class RolloutCoordinator:
         """A cycle is due every interval_s, and as soon as an instance that had work has run out of it
         (a drained instance asks for work at once instead of idling until the next period)."""
         return now >= self.next_cycle or any(
-            i.serving and i.ref is None and _idle(i) and i.index not in self.idle_after_cycle for i in instances)
+            i.serving and i.ref is None and _idle(i) and (self.poked or i.index not in self.idle_after_cycle)
+            for i in instances)
+
+    def poke(self) -> None:
+        """The staleness policy's state changed (driver.py): a cycle is due if an instance is idle."""
+        self.poked = True
 
     def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch, dispatch=None) -> list | None:
         """Algorithm 1 on an exact snapshot (every alive instance between two steps); commands go to the Instances.
@@ -130,6 +140,7 @@ class RolloutCoordinator:
         dispatch (skew-aware, rlflow/runtime/dispatch_lanes.py): routing runs once per lane, the TS in LPT order,
         and every Route is checked against its trajectories' lanes before it is carried out.
         """
+        self.poked = False
         alive = [i for i in instances if i.serving]
         views = self.queue.views()
         lanes = split = None

@@ -15,6 +15,7 @@ from dataclasses import replace
 import ray
 
 from rlflow import registry
+from rlflow.runtime import hop_trace
 from rlflow.runtime.messages import FinishedMeta, StepReport
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.parameter_server import pull_buckets
@@ -68,9 +69,11 @@ class RolloutWorker:
         if pull is not None:
             version, published = pull
             t1 = time.perf_counter()
+            hop_trace.mark("pulling", version)
             # bucket by bucket over the plan's transport (parameter_server.py); the engine copies each as it comes
             loaded = self.engine.load_weights(pull_buckets(published), version)
             pull_s = time.perf_counter() - t1
+            hop_trace.mark("loaded", version)
         episodes, done, interrupted = self.episodes, [], []
         for tid in abort:
             if not (episodes and episodes.drop(tid)):
@@ -88,6 +91,7 @@ class RolloutWorker:
             if episodes:
                 episodes.begin(traj)
             self.engine.start(traj)
+        hop_trace.mark("routed", [t.group_id for t in route])
         if episodes:  # environment steps that came back: next turns, or episodes the environment ended
             ended = episodes.returned(self.engine, wait_s=0.0 if not self.engine.idle else ENV_WAIT_S)
             done.extend(ended)
@@ -95,6 +99,7 @@ class RolloutWorker:
         busy = 0.0
         if not self.engine.idle:
             t0 = time.perf_counter()
+            hop_trace.mark("decoding", f"instance-{self.instance_id}")
             try:
                 turns = self.engine.step()
             except EngineDied as e:
@@ -103,11 +108,14 @@ class RolloutWorker:
                 print(f"rollout instance {self.instance_id}: {e}; exiting", flush=True)
                 ray.actor.exit_actor()
             busy = time.perf_counter() - t0
+            hop_trace.mark("decoded", f"instance-{self.instance_id}")
             final = episodes.finished(turns) if episodes else turns
             self.turns_not_complete += len(turns) - len(final)
             done.extend(final)
         if done:
+            hop_trace.mark("generated", [t.group_id for t in done])
             ray.get(self.store.put.remote(done))  # payload in the store before the driver hears of it
+            hop_trace.mark("stored", [t.group_id for t in done])
         meta = [FinishedMeta(t.group_id, t.index, t.version, t.finish_reason, len(t.completion_ids),
                              len(t.turn_starts) or 1, t.loss_mask.count(0), t.env_s) for t in done]
         snapshot = self.engine.snapshot()

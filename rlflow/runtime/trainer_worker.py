@@ -14,6 +14,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.errors import PipelineInvalid, Problem
+from rlflow.runtime import hop_trace
 from rlflow.runtime.messages import StepResult, TrainStep
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.rollout_worker import one_thread
@@ -115,6 +116,7 @@ class TrainerWorker:
         from rlflow.stages.trainer import NONFINITE_ORDER, check_batch
 
         trajectories = ray.get(self.store.take.remote(step.traj_ids), timeout=RANK_CALL_TIMEOUT_S)
+        hop_trace.mark("taken", step.version + 1)
         for t in trajectories:
             t.reward = step.rewards[t.traj_id]
         check_batch(trajectories, step.group_size)
@@ -122,8 +124,10 @@ class TrainerWorker:
         per_rank = self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
                              peer_args=[(shard,) for shard in shards[1:]])
         nonfinite = max((m.pop("nonfinite") for m in per_rank), key=NONFINITE_ORDER.index)
+        hop_trace.mark("computed", step.version + 1)
         # poisoned weights are never published (the driver stops without saving them); a skipped step's are as before
         sync_s = self.publish(step.version + 1) if nonfinite != "poisoned" else 0.0
+        hop_trace.mark("published", step.version + 1)
         return StepResult(merge_rank_metrics(per_rank), nonfinite, sync_s, self.world_size)
 
     def train_shard(self, shard) -> dict:

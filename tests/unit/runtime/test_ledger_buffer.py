@@ -98,10 +98,26 @@ def test_restore_leaves_to_generation_what_the_policy_has_no_room_for(setup):
 def test_the_reward_stream_carries_each_members_version_span_to_the_driver():
     import pyarrow as pa
 
-    from rlflow.runtime.reward_stream import FilterGroups, Score, per_trajectory
+    from rlflow.runtime.reward_stream import Score, per_trajectory
 
     g = {"group_id": "g", "task": "t", "prompt": "1+1=", "answer": "2", "row": "{}", "traj_id": ["g/0", "g/1"],
          "completion": ["2", "3"], "v_min": [0, 1], "v_max": [2, 1]}
     scored = Score("exact_match")(pa.Table.from_pydict({"groups": [[g]]}))
-    batch = per_trajectory(FilterGroups(None)(scored))
+    batch = per_trajectory(scored)
     assert (batch["v_min"], batch["v_max"], batch["reward"]) == ([0, 1], [2, 1], [1.0, 0.0])
+    assert batch["kept"] == [True, True]  # no filter: every group is kept
+
+
+def test_the_reward_operator_applies_the_group_filter_to_the_group_it_scored():
+    import pyarrow as pa
+
+    from rlflow.runtime.reward_stream import Score, per_trajectory
+
+    def group(gid, completions):
+        return {"group_id": gid, "task": "t", "prompt": "1+1=", "answer": "2", "row": "{}",
+                "traj_id": [f"{gid}/{i}" for i in range(len(completions))], "completion": completions}
+
+    scored = Score("exact_match", filter_fn="drop_uniform_groups")(
+        pa.Table.from_pydict({"groups": [[group("mixed", ["2", "3"]), group("uniform", ["3", "4"])]]}))
+    batch = per_trajectory(scored)
+    assert dict(zip(batch["group_id"], batch["kept"], strict=True)) == {"mixed": True, "uniform": False}

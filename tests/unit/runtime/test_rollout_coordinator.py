@@ -141,3 +141,17 @@ def test_an_abort_reaches_the_worker_only_for_a_trajectory_it_received():
     inst = instances[0]
     assert c.abort(inst, queued.traj_id) is False and inst.routes == []  # still queued here: dropped here
     assert c.abort(inst, received.traj_id) is True  # on the worker: it must be told
+
+
+def test_a_poke_makes_a_cycle_due_for_an_instance_left_idle_but_not_for_busy_ones():
+    inst = FakeInstance(0)
+    c = coordinator([inst])
+    c.next_cycle = 1e9  # the periodic cycle is far off
+    c.idle_after_cycle = {0}  # the last cycle left it without work: it waits for the period...
+    assert not c.due(0.0, [inst])
+    c.poke()  # ...unless the policy's state changed (a step trained, groups were filtered out)
+    assert c.due(0.0, [inst])
+    busy = FakeInstance(0, snapshot=None, routes=group("g"))
+    assert not c.due(0.0, [busy])  # an instance with work is not interrupted by a poke
+    c.cycle([inst], 0, None, Policy().verify, lambda reserve: reserve, lambda row: None)
+    assert not c.poked and not c.due(0.0, [inst])  # a cycle answers the poke
