@@ -367,12 +367,11 @@ class DeepSpeedTrainer:
         normalizer = num_tokens if self.loss_agg == "token" else num_sequences
 
         chunks = self._chunks(batches)
-        with torch.no_grad():
-            for mb in batches:
-                inputs = {"attention_mask": mb.attention_mask, "position_ids": mb.position_ids, "chunks": chunks}
-                mb.old_logprobs, _ = self._forward(self.engine, self._logprobs, mb.input_ids, **inputs)
-                if self.ref_model is not None:
-                    mb.ref_logprobs, _ = self._forward(self.ref_model, self._ref_logprobs, mb.input_ids, **inputs)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                for mb in batches:
+                    mb.ref_logprobs, _ = self._forward(self.ref_model, self._ref_logprobs, mb.input_ids, chunks=chunks,
+                                                       attention_mask=mb.attention_mask, position_ids=mb.position_ids)
 
         token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
                        "importance_truncated_frac", "importance_masked_frac")
@@ -382,6 +381,10 @@ class DeepSpeedTrainer:
             self.engine.set_gradient_accumulation_boundary(k == len(batches) - 1)
             logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, entropy=True, chunks=chunks,
                                               attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+            # pi_old, the proximal policy, is the weights at the start of this step, and one batch is one optimizer
+            # step: the weights of this forward. Its log-probs, detached, are pi_old's, so no separate no-grad
+            # forward per micro-batch is run for them (a quarter of the step's forward and backward compute)
+            mb.old_logprobs = logprobs.detach()
             pg_loss, stats = grpo.policy_loss(
                 logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
                 clip_low=self.clip_low, clip_high=self.clip_high,
