@@ -193,6 +193,7 @@ class Run:
         if tag == "rewarded":
             self._on_rewarded(*payload)
             self.progress.scored_batch(*payload)  # busy but training nothing stops the run (NoProgress)
+            self._poke()
         elif tag == "error":
             stage, err = payload
             raise RunFailed(f"reward stage '{stage}' failed: {err}; {RESUME_HINT}")
@@ -210,21 +211,25 @@ class Run:
                 raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
                                 f"{RESUME_HINT}") from None
             self._on_trained(trained)
-        if tag == "rewarded" or tag[0] == "train":  # the policy may admit more now, or a version is new
-            for f in self.fleets:
-                f.coordination.poke()
+            self._poke()
         self.ledger.flush()
+
+    def _poke(self) -> None:
+        """The staleness policy may admit more now, or a version is new: an idle instance need not wait for its
+        coordinator's next periodic cycle (rollout_coordinator.py)."""
+        for f in self.fleets:
+            f.coordination.poke()
 
     def _on_rewarded(self, stage: str, batch: ScoredBatch) -> None:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
         self.clock.mark("first_scored")
-        hop_trace.mark("received", sorted(batch.group_ids()))
+        hop_trace.mark("received", (r.group_id for r in batch.rows))
         for task, scored in self.buffer.rewarded_batch(batch):
             self.metrics.rewarded(task, scored)
 
     def _consume(self) -> None:
         batch = self.buffer.consume()
-        hop_trace.mark("consumed", list(batch.groups))
+        hop_trace.mark("consumed", iter(batch.groups))
         rewards = batch.rewards
         staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
         self.ledger.trained(self.step + 1, staleness, list(rewards))

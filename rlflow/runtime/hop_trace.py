@@ -42,7 +42,8 @@ def enabled() -> bool:
 
 
 def mark(hop: str, keys, t: float | None = None) -> None:
-    """Note that `keys` (a group id or version, or an iterable of them) crossed `hop` now (or at `t`)."""
+    """Note that `keys` (a group id or version, or an iterable of them, repeats written once) crossed `hop` now
+    (or at `t`). Callers on the run's hot paths pass a generator: with the trace off it is never iterated."""
     directory = os.environ.get(ENV)
     if not directory:
         return
@@ -51,5 +52,5 @@ def mark(hop: str, keys, t: float | None = None) -> None:
         os.makedirs(directory, exist_ok=True)
         _file = open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a", buffering=1)  # noqa: SIM115 - the process's life
     t = time.time() if t is None else t
-    for key in ([keys] if isinstance(keys, (str, int)) else keys):
+    for key in ([keys] if isinstance(keys, (str, int)) else dict.fromkeys(keys)):
         _file.write(json.dumps({"hop": hop, "key": key, "t": t}) + "\n")

@@ -59,7 +59,7 @@ class PayloadStore:
         max_in_flight pulled but not delivered. Waits up to timeout_s, or only tick_s while groups it handed out
         are not delivered yet (reward_stream.py's tick); [] on timeout; None once the stage ended."""
         deadline = time.monotonic() + timeout_s
-        if tick_s is not None and self._pulled[stage] > self._delivered[stage]:
+        if tick_s is not None and self._in_flight(stage) > 0:
             deadline = min(deadline, time.monotonic() + tick_s)
         q = self._queues.setdefault(stage, deque())
         while not self._ended_(stage) and (not q or self._credit(stage, max_in_flight) <= 0):
@@ -86,7 +86,11 @@ class PayloadStore:
     def _credit(self, stage: str, max_in_flight: int | None) -> int:
         if max_in_flight is None:
             return len(self._queues[stage])
-        return max_in_flight - (self._pulled[stage] - self._delivered[stage])
+        return max_in_flight - self._in_flight(stage)
+
+    def _in_flight(self, stage: str) -> int:
+        """Groups handed to `stage`'s stream and not yet delivered to the driver."""
+        return self._pulled[stage] - self._delivered[stage]
 
     def delivered(self, stage: str, n_groups: int) -> None:
         """`stage`'s stream handed n_groups scored groups to the driver: that much credit returns."""

@@ -100,7 +100,7 @@ class GroupSource(Datasource):
                     if rows is None:  # the stage was ended: RewardStream.close() or PayloadStore.close()
                         return
                     if rows:  # GroupToScore messages, as Arrow rows from here on
-                        hop_trace.mark("pulled", [g.group_id for g in rows])
+                        hop_trace.mark("pulled", (g.group_id for g in rows))
                         yield pa.Table.from_pylist([{"groups": [g.as_row() for g in rows]}])
                         tick_due = True
                     elif tick_due:  # nothing new since: a tick, so the executor's next turn ends with the bundle's Score
@@ -160,7 +160,7 @@ class Score:
         scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
         for g in (g for bundle in scored for g in bundle):
             g["kept"] = filter_verdict(self.filter, g["reward"], g["reward_error"])
-        hop_trace.mark("scored", [g["group_id"] for bundle in scored for g in bundle])
+        hop_trace.mark("scored", (g["group_id"] for bundle in scored for g in bundle))
         return pa.Table.from_pydict({"groups": scored})
 
     def score(self, g: dict) -> dict:
@@ -255,7 +255,7 @@ class StreamRunner:
                                                               self.reward_timeout_s)))
                     return
                 if batch["traj_id"]:
-                    hop_trace.mark("streamed", sorted(set(batch["group_id"])))
+                    hop_trace.mark("streamed", (gid for gid in batch["group_id"]))
                     out.put(("rewarded", self.stage, ScoredBatch.from_columns(batch)))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
                     self.failures.add(batch["reward_error"])

@@ -91,7 +91,7 @@ class RolloutWorker:
             if episodes:
                 episodes.begin(traj)
             self.engine.start(traj)
-        hop_trace.mark("routed", [t.group_id for t in route])
+        hop_trace.mark("routed", (t.group_id for t in route))
         if episodes:  # environment steps that came back: next turns, or episodes the environment ended
             ended = episodes.returned(self.engine, wait_s=0.0 if not self.engine.idle else ENV_WAIT_S)
             done.extend(ended)
@@ -113,9 +113,9 @@ class RolloutWorker:
             self.turns_not_complete += len(turns) - len(final)
             done.extend(final)
         if done:
-            hop_trace.mark("generated", [t.group_id for t in done])
+            hop_trace.mark("generated", (t.group_id for t in done))
             ray.get(self.store.put.remote(done))  # payload in the store before the driver hears of it
-            hop_trace.mark("stored", [t.group_id for t in done])
+            hop_trace.mark("stored", (t.group_id for t in done))
         meta = [FinishedMeta(t.group_id, t.index, t.version, t.finish_reason, len(t.completion_ids),
                              len(t.turn_starts) or 1, t.loss_mask.count(0), t.env_s) for t in done]
         snapshot = self.engine.snapshot()
