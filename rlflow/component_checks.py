@@ -92,6 +92,26 @@ def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
                                 "turn-over-episode", "lower max_turn_tokens or raise max_new_tokens"))
 
 
+def _check_overlong(spec: Pipeline, stage, loc: tuple, problems: list[Problem]) -> None:
+    """DAPO's overlong shaping against the generation budget: 0 < cache_tokens < max_tokens <= max_new_tokens."""
+    shaping = stage.overlong
+    budget = max((spec.stages[r].max_new_tokens for r in stages_of(spec, "rollout")), default=None)
+    if shaping is None or budget is None:
+        return
+    if shaping.max_tokens is not None and shaping.max_tokens > budget:
+        problems.append(Problem(loc + ("overlong", "max_tokens"), f"overlong.max_tokens {shaping.max_tokens} exceeds "
+                                f"max_new_tokens {budget}: completions are cut off before it, so the full penalty never "
+                                "applies", "overlong-beyond-budget", "lower it, or leave it unset (max_new_tokens)"))
+        return
+    limit = shaping.max_tokens or budget
+    if shaping.cache_tokens >= limit:
+        what = "overlong.max_tokens" if shaping.max_tokens else "max_new_tokens"
+        problems.append(Problem(loc + ("overlong", "cache_tokens"), f"overlong.cache_tokens {shaping.cache_tokens} is not "
+                                f"below {what} {limit}: the expected length {what} - cache_tokens would be 0 or less, so "
+                                "every completion would be punished", "overlong-cache-too-long",
+                                f"set cache_tokens below {limit} (DAPO: a fifth of it), or raise {what}"))
+
+
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
     rollouts = stages_of(spec, "rollout")
     for name, stage in spec.stages.items():
@@ -111,6 +131,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                                         "use one of configs/deepspeed/*.json"))
             else:
                 _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
+            _check_overlong(spec, stage, loc, problems)
     for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
         first, t = rollouts[0], spec.stages[name].temperature
         if t != spec.stages[first].temperature:

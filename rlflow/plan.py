@@ -17,7 +17,7 @@ from rlflow import __version__
 from rlflow.devices import vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
-from rlflow.schema import CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
+from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
 
@@ -138,6 +138,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                           "micro_batch_tokens": s.micro_batch_tokens, "gradient_checkpointing": s.gradient_checkpointing,
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
+        trainer_kwargs |= _algorithm_kwargs(spec, s, rollouts)
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
                        "steps": s.steps, "checkpoint_every": s.checkpoint_every, "keep_checkpoints": s.keep_checkpoints,
@@ -150,6 +151,28 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
     actors.append({"name": "payload-store", "role": "payload_store", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     actors.append({"name": "parameter-server", "role": "parameter_server", "stage": None, "num_cpus": 0.1, "num_gpus": 0})
     return actors
+
+
+def _algorithm_kwargs(spec: Pipeline, s, rollouts: list[str]) -> dict:
+    """The train stage's algorithm options beyond GRPO's defaults, as DeepSpeedTrainer takes them (only those that
+    differ: a GRPO plan stays as it was). The generation budget is the rollouts' largest max_new_tokens."""
+    budget = max((spec.stages[r].max_new_tokens for r in rollouts), default=None)
+    out: dict = {}
+    if s.algo != "grpo":
+        out["algo"] = s.algo
+        block = getattr(s, s.algo) if s.algo in ALGO_BLOCKS else None
+        if block is not None:
+            out["algo_options"] = block.model_dump()
+    if s.entropy_coef:
+        out["entropy_coef"] = s.entropy_coef
+    if s.kl_estimator is not None:
+        out["kl_estimator"] = s.kl_estimator
+    if s.loss_agg == "seq-mean-token-sum-norm":
+        out["max_new_tokens"] = budget  # Dr.GRPO's constant normaliser
+    if s.overlong is not None:
+        out["overlong"] = {"max_tokens": s.overlong.max_tokens or budget, "cache_tokens": s.overlong.cache_tokens,
+                           "penalty_factor": s.overlong.penalty_factor}
+    return out
 
 
 def weight_transport(spec: Pipeline) -> dict:

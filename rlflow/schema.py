@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -300,12 +300,72 @@ class BufferStage(Strict):
     """Groups per training step (G); the batch is G * group_size trajectories."""
 
 
+#: the algorithms train.algo names (docs/guides/algorithms.md)
+Algo = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo"]
+#: loss aggregation modes (stages/loss_agg.py); token and sequence are the older spellings of the first two
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token", "sequence"]
+#: each algorithm's loss aggregation when train.loss_agg is unset (grpo's in its older spelling: plans stay as they were)
+ALGO_LOSS_AGG = {"grpo": "token", "dr_grpo": "seq-mean-token-sum-norm", "rloo": "token-mean",
+                 "reinforce_pp": "token-mean", "gspo": "seq-mean-token-mean", "cispo": "token-mean"}
+#: aggregations that divide a sequence's loss by its length, which Dr.GRPO removes
+LENGTH_NORMALISED = ("token-mean", "seq-mean-token-mean", "token", "sequence")
+
+
+class GspoOptions(Strict):
+    """GSPO's options (train.gspo, with algo gspo): the clip range of its sequence-level ratio."""
+
+    clip_low: Annotated[float, Field(gt=0, lt=1)] = 3e-4
+    """The sequence ratio s_i = (pi/pi_old)^(1/|y_i|) is clipped below at 1 - clip_low (GSPO §5.1: 3e-4; s_i is a
+    geometric mean per token, so its range is orders of magnitude narrower than a token ratio's)."""
+    clip_high: Annotated[float, Field(gt=0)] = 4e-4
+    """... and above at 1 + clip_high (GSPO §5.1: 4e-4)."""
+
+
+class CispoOptions(Strict):
+    """CISPO's options (train.cispo, with algo cispo): the clip range of its stop-gradient importance weight."""
+
+    clip_low: Annotated[float, Field(gt=0, le=1)] | None = None
+    """The weight r = pi/pi_old is clipped below at 1 - clip_low; null: no lower bound, as MiniMax-M1 ran it."""
+    clip_high: Annotated[float, Field(gt=0)] = 4.0
+    """... and above at 1 + clip_high: the one bound MiniMax-M1 tuned. Clipped tokens keep their gradient (the
+    weight scales it), unlike PPO-clip's, which drop out. With one optimizer step per batch r is 1 on its own
+    data, so the clip acts on off-policy corrections only through `off_policy`."""
+
+
+class ReinforcePPOptions(Strict):
+    """REINFORCE++'s options (train.reinforce_pp, with algo reinforce_pp)."""
+
+    kl_in_reward: bool = True
+    """With kl_coef > 0: fold the KL to the reference into each token's reward, -kl_coef * KL_t, summed into the
+    returns before the batch normalisation (the paper's choice; kl_estimator defaults to k1 then); false: add it to
+    the loss as the other algorithms do."""
+
+
+class OverlongShaping(Strict):
+    """DAPO's soft overlong punishment (arXiv:2503.14476 §3.4, eq. 13), added to each reward before the advantages:
+    0 up to max_tokens - cache_tokens, then falling linearly to -penalty_factor at max_tokens and beyond."""
+
+    cache_tokens: PositiveInt
+    """L_cache: the soft punishment interval before max_tokens (DAPO: 4096 of 20480). Below max_tokens."""
+    max_tokens: PositiveInt | None = None
+    """L_max, the completion length that earns the full penalty. Unset: the rollout stages' max_new_tokens (the
+    budget at which a completion is cut off)."""
+    penalty_factor: Annotated[float, Field(gt=0)] = 1.0
+    """The penalty at max_tokens, relative to a reward of 1."""
+
+
 class TrainStage(Strict):
-    """Updates the policy from consumed batches (GRPO on DeepSpeed)."""
+    """Updates the policy from consumed batches (GRPO and its family on DeepSpeed)."""
 
     kind: Literal["train"]
-    algo: Literal["grpo"] = "grpo"
-    """RL algorithm."""
+    algo: Algo = "grpo"
+    """The RL algorithm: an advantage estimator, a policy loss and a default loss_agg (docs/guides/algorithms.md).
+    grpo: group mean/std advantages, PPO-clip with clip-higher (DAPO), token-mean. dr_grpo: group mean only, no length
+    normalisation (loss_agg seq-mean-token-sum-norm: sums over max_new_tokens). rloo: leave-one-out baseline,
+    PPO-clip. reinforce_pp: REINFORCE++, the raw reward with the KL folded into each token's reward, normalised over
+    the whole batch, PPO-clip. gspo: GRPO advantages, a sequence-level length-normalised ratio (options in `gspo`),
+    seq-mean-token-mean. cispo: GRPO advantages, a clipped stop-gradient importance weight times log pi (options in
+    `cispo`). The off_policy correction applies to every one."""
     backend: Literal["deepspeed"] = "deepspeed"
     """Training backend."""
     deepspeed: str = "configs/deepspeed/zero1.json"
@@ -323,13 +383,31 @@ class TrainStage(Strict):
     lr_min_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """lr_schedule cosine: the final learning rate as a fraction of `lr`."""
     clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
-    """PPO ratio clip below 1 (1 - clip_low)."""
+    """PPO ratio clip below 1 (1 - clip_low), for the PPO-clip algorithms (grpo, dr_grpo, rloo, reinforce_pp)."""
     clip_high: Annotated[float, Field(gt=0)] = 0.28
     """PPO ratio clip above 1 (1 + clip_high); DAPO's clip-higher when > clip_low."""
-    loss_agg: Literal["token", "sequence"] = "token"
-    """token: DAPO token-level mean over the batch; sequence: mean per sequence, then over sequences."""
+    loss_agg: LossAggMode | None = None
+    """How per-token losses become one number. token-mean (alias token): over every token of the batch (DAPO).
+    seq-mean-token-mean (alias sequence): mean per sequence, then over sequences (GRPO as published). seq-mean-token-sum:
+    sum per sequence, mean over sequences. seq-mean-token-sum-norm: that over the rollouts' max_new_tokens, a
+    constant (Dr.GRPO). Unset: the algorithm's (token-mean; dr_grpo seq-mean-token-sum-norm; gspo seq-mean-token-mean)."""
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """Estimator of KL(pi || pi_ref) per token, r = pi_ref/pi (Schulman 2020): k1 = -log r; k2 = (log r)^2 / 2;
+    k3 = r - 1 - log r. Unset: k3 as a loss term, k1 when folded into the reward (reinforce_pp)."""
+    entropy_coef: NonNegFloat = 0.0
+    """Weight of the entropy bonus: coef x the policy's mean entropy (aggregated as loss_agg) is subtracted from the
+    loss, keeping exploration up (0: none; the entropy metric is logged either way)."""
+    overlong: OverlongShaping | None = None
+    """DAPO's overlong reward shaping, e.g. `{cache_tokens: 64}`: completions longer than the rollouts'
+    max_new_tokens - cache_tokens lose up to 1 reward (null: none)."""
+    gspo: GspoOptions | None = None
+    """Options of algo gspo (filled with their defaults when algo is gspo)."""
+    cispo: CispoOptions | None = None
+    """Options of algo cispo (filled with their defaults when algo is cispo)."""
+    reinforce_pp: ReinforcePPOptions | None = None
+    """Options of algo reinforce_pp (filled with their defaults when algo is reinforce_pp)."""
     off_policy: Literal["decoupled", "tis_token", "tis_sequence", "mis_token", "mis_sequence", "icepop"] = "decoupled"
     """Correction for tokens sampled by other weights or numerics than the trainer's (stale data; the rollout engine's
     own kernels), by rho_t = pi_old/pi_behaviour per token (pi_old: the trainer at the step's start; pi_behaviour:
@@ -413,6 +491,51 @@ class TrainStage(Strict):
         return value
 
 
+    @field_validator("clip_low", "clip_high")
+    @classmethod
+    def _ppo_clip_only(cls, value: float, info: ValidationInfo) -> float:
+        """gspo and cispo clip their own quantity (their blocks' clip_low / clip_high): the PPO one would be ignored."""
+        algo = info.data.get("algo")
+        if algo in OWN_CLIP and value != cls.model_fields[info.field_name].default:
+            raise PydanticCustomError("ppo_clip_unused", "{algo} does not clip the PPO ratio, so {field} would be ignored; "
+                                      "set {algo}.{field} instead", {"algo": algo, "field": info.field_name})
+        return value
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _dr_grpo_sums(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Dr.GRPO's point is removing the 1/|o_i| length normalisation, which biases toward long wrong answers."""
+        if info.data.get("algo") == "dr_grpo" and value in LENGTH_NORMALISED:
+            raise PydanticCustomError("dr_grpo_length_normalised", "dr_grpo removes the length normalisation, and "
+                                      "{value} divides by lengths; use seq-mean-token-sum-norm (its default: leave "
+                                      "loss_agg unset) or seq-mean-token-sum", {"value": value})
+        return value
+
+    @field_validator("gspo", "cispo", "reinforce_pp")
+    @classmethod
+    def _options_of_the_algo(cls, value, info: ValidationInfo):
+        """A block for an algorithm that is not the one chosen would be silently ignored."""
+        algo = info.data.get("algo")
+        if value is not None and algo is not None and algo != info.field_name:
+            raise PydanticCustomError("algo_options_unused", "options of algo {block}, but algo is {algo}, which "
+                                      "would ignore them; set algo: {block} or remove {block}",
+                                      {"block": info.field_name, "algo": algo})
+        return value
+
+    @model_validator(mode="after")
+    def _resolve_algo(self) -> TrainStage:
+        """Spell out the algorithm's defaults, so the plan records what runs: its loss_agg and its options block."""
+        if self.loss_agg is None:
+            self.loss_agg = ALGO_LOSS_AGG[self.algo]
+        if self.algo in ALGO_BLOCKS and getattr(self, self.algo) is None:
+            setattr(self, self.algo, ALGO_BLOCKS[self.algo]())
+        return self
+
+
+#: the algorithms that clip something else than the PPO ratio (with clip_low / clip_high of their own blocks)
+OWN_CLIP = ("gspo", "cispo")
+#: the algorithms with an options block of their own, by name (the block's field has the algorithm's name)
+ALGO_BLOCKS: dict[str, type[Strict]] = {"gspo": GspoOptions, "cispo": CispoOptions, "reinforce_pp": ReinforcePPOptions}
 #: which off_policy options read which TrainStage parameter
 OFF_POLICY_PARAMS = {"max_importance_ratio": ("decoupled",), "tis_cap": ("tis_token", "tis_sequence"),
                      "mask_low": ("mis_token", "mis_sequence", "icepop"), "mask_high": ("mis_token", "mis_sequence", "icepop")}

@@ -1,7 +1,7 @@
 """One training batch over N data-parallel ranks: split by tokens, and the ranks' metrics merged back.
 
 Rank 0 sees the whole batch, so everything that depends on the whole batch is computed there, once:
-the GRPO advantages (within each group, stages/grpo.py) and the loss normaliser (the batch's completion tokens, or
+the advantages (within each group for GRPO, stages/advantages.py) and the loss normaliser (the batch's completion tokens, or
 sequences). Each rank then gets a shard and sums its part of the loss over that global normaliser, so
 N ranks compute the same loss as one rank on the whole batch. DeepSpeed averages gradients over the
 data-parallel ranks, so each rank scales its loss by N (trainer.py) and the averaged gradient is the
@@ -16,11 +16,13 @@ of micro-batches; a rank with too few rows runs masked padding rows (zero loss, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlflow.stages import grpo
+from rlflow.stages.reward_shaping import overlong_penalty
 from rlflow.stages.trajectory import Trajectory
 
 
@@ -67,16 +69,23 @@ def parts_for_tokens(costs: list[int], max_tokens: int) -> int:
 
 
 def shard_batch(
-    trajectories: list[Trajectory], world_size: int, micro_batch_size: int, max_tokens: int | None = None
+    trajectories: list[Trajectory], world_size: int, micro_batch_size: int, max_tokens: int | None = None, *,
+    advantages: Callable[[torch.Tensor, list], torch.Tensor] = grpo.batch_advantages, overlong: dict | None = None,
 ) -> list[BatchShard]:
     """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts.
 
     Micro-batches of at most micro_batch_size rows, or (packed micro-batches) of at most max_tokens prompt +
-    completion tokens when it is given: then the rank that needs the most parts sets the count for all."""
+    completion tokens when it is given: then the rank that needs the most parts sets the count for all.
+    advantages: the sequence-level estimator (stages/advantages.py; GRPO's by default); overlong: the keyword
+    arguments of reward_shaping.overlong_penalty, added to the rewards before the advantages (None: no shaping)."""
     if not trajectories:
         raise ValueError("a training batch needs at least one trajectory")
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    adv = grpo.batch_advantages(rewards, [t.group_id for t in trajectories])  # over the whole batch, once
+    shaped = rewards
+    if overlong is not None:
+        lengths = torch.tensor([len(t.completion_ids) for t in trajectories])
+        shaped = rewards + overlong_penalty(lengths, **overlong)
+    adv = advantages(shaped, [t.group_id for t in trajectories])  # over the whole batch, once
     num_tokens = float(sum(sum(t.trained_mask()) for t in trajectories))  # the tokens the loss averages over
     num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
     costs = [cost(t) for t in trajectories]

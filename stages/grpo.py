@@ -11,13 +11,15 @@ belongs to, so per-sequence sums stay per sequence.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-LossAgg = Literal["token", "sequence"]
+from rlflow.stages.kl import kl_penalty  # noqa: F401 - the k3 loss term, kept importable from here
+from rlflow.stages.loss_agg import LossAgg, aggregate, sequence_sums  # noqa: F401 - kept importable from here
+
 #: how the weight pi_old / pi_behaviour corrects for stale or mismatched samples (see `importance_weights`)
 OffPolicy = Literal["decoupled", "tis_token", "tis_sequence", "mis_token", "mis_sequence", "icepop"]
 OFF_POLICY: tuple[str, ...] = get_args(OffPolicy)
@@ -34,18 +36,21 @@ def group_advantages(rewards: Tensor, normalize_std: bool = True, eps: float = 1
     return adv
 
 
-def batch_advantages(rewards: Tensor, group_ids: Sequence) -> Tensor:
+def batch_advantages(
+    rewards: Tensor, group_ids: Sequence, per_group: Callable[[Tensor], Tensor] = group_advantages
+) -> Tensor:
     """[B] rewards of a batch -> [B] advantages, each row's within its own group (`group_ids[i]` names row i's).
 
     Groups may be smaller than group_size when a member's reward failed (the runtime drops that member, not the
-    group), so each group is normalised on its own.
+    group), so each group is normalised on its own. `per_group`: [1, S] rewards -> [1, S] advantages (GRPO's by
+    default; stages/advantages.py has the others).
     """
     groups: dict = {}
     for i, gid in enumerate(group_ids):
         groups.setdefault(gid, []).append(i)
     adv = torch.empty(len(group_ids))
     for members in groups.values():
-        adv[members] = group_advantages(rewards[members].unsqueeze(0))[0]
+        adv[members] = per_group(rewards[members].unsqueeze(0))[0]
     return adv
 
 
@@ -59,37 +64,6 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of softmax(logits) over the last dim (pass logits already divided by the temperature)."""
     logits = logits.float()
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-
-
-def sequence_sums(values: Tensor, segments: Tensor | None) -> Tensor:
-    """Per-sequence sums of [B, T] values: [B] (one sequence per row) or, with `segments`, one entry per sequence
-    id (ids above the largest hold 0: the vector is sized by numel so that no device sync reads the count)."""
-    if segments is None:
-        return values.sum(dim=-1)
-    return values.new_zeros(values.numel()).index_add_(0, segments.reshape(-1), values.reshape(-1))
-
-
-def aggregate(
-    per_token: Tensor, mask: Tensor, loss_agg: LossAgg, normalizer: float | None = None, segments: Tensor | None = None
-) -> Tensor:
-    """Reduce [B, T] per-token values to a scalar.
-
-    token: sum over valid tokens / number of valid tokens (DAPO). sequence: mean over each sequence's
-    valid tokens, then mean over non-empty sequences. `normalizer` replaces the denominator (valid tokens,
-    resp. non-empty sequences) with a batch-wide count, so micro-batch results sum to the full-batch value.
-    `segments`: the sequence of each position when rows are packed (module docstring).
-    """
-    mask = mask.to(per_token.dtype)
-    masked = per_token * mask
-    if loss_agg == "token":
-        denom = mask.sum() if normalizer is None else normalizer
-        return masked.sum() / max(float(denom), 1.0)
-    if loss_agg == "sequence":
-        lengths = sequence_sums(mask, segments)
-        per_seq = sequence_sums(masked, segments) / lengths.clamp(min=1.0)
-        denom = (lengths > 0).sum() if normalizer is None else normalizer
-        return per_seq.sum() / max(float(denom), 1.0)
-    raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
 
 
 def importance_weights(
@@ -160,8 +134,10 @@ def policy_loss(
     mask_low: float = 0.5,
     mask_high: float = 2.0,
     segments: Tensor | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Decoupled PPO-clip loss; advantages are [B] (one per row) or [B, T]; `segments` for packed rows.
+    """Decoupled PPO-clip loss; advantages are [B] (one per row) or [B, T]; `segments` for packed rows; `max_tokens`
+    for loss_agg seq-mean-token-sum-norm (stages/loss_agg.py).
 
     r = pi / pi_old (pi_old: the trainer's weights at the start of the step, the proximal policy), clipped to
     [1 - clip_low, 1 + clip_high]; w = the off-policy weight of pi_old / pi_behaviour (the weights that sampled
@@ -184,13 +160,24 @@ def policy_loss(
         segments=segments,
     )  # fmt: skip
 
-    loss = aggregate(-w * surrogate, mask, loss_agg, normalizer, segments)
+    loss = aggregate(-w * surrogate, mask, loss_agg, normalizer, segments, max_tokens)
 
+    with torch.no_grad():
+        clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+    return loss, step_stats(ratio, clipped, mask, old_logprobs, behaviour_logprobs, w, truncated, masked)
+
+
+def step_stats(
+    ratio: Tensor, clipped: Tensor, mask: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor,
+    w: Tensor, truncated: Tensor, masked: Tensor,
+) -> dict[str, float]:
+    """A policy loss's metrics over the valid tokens: how much was clipped, the ratio pi/pi_old, and the off-policy
+    weights before and after their correction (`importance_weights`' outputs)."""
+    valid = mask.bool()
     with torch.no_grad():
         n = valid.sum().clamp(min=1)
         raw_w = torch.exp(torch.where(valid, old_logprobs - behaviour_logprobs, torch.zeros_like(old_logprobs)))
-        clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
-        stats = {
+        return {
             "clip_frac": float((clipped & valid).sum() / n),
             "ratio_mean": float(ratio[valid].sum() / n),
             # per-token rho = pi_old / pi_behaviour before any correction: how off-policy the batch is
@@ -201,20 +188,3 @@ def policy_loss(
             "importance_truncated_frac": float(truncated.sum() / n),
             "importance_masked_frac": float(masked.sum() / n),
         }
-    return loss, stats
-
-
-def kl_penalty(
-    logprobs: Tensor,
-    ref_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    loss_agg: LossAgg = "token",
-    normalizer: float | None = None,
-    segments: Tensor | None = None,
-) -> Tensor:
-    """KL(pi || pi_ref) with the k3 estimator exp(ref - logp) - (ref - logp) - 1 (Schulman 2020), aggregated."""
-    valid = mask.bool()
-    delta = torch.where(valid, ref_logprobs - logprobs, torch.zeros_like(logprobs))
-    per_token = torch.exp(delta) - delta - 1.0
-    return aggregate(per_token, mask, loss_agg, normalizer, segments)

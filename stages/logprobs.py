@@ -2,7 +2,7 @@
 
 The model runs to its last hidden states; the lm_head then runs on one chunk of positions at a time. When the
 log-probs need a gradient each chunk runs under torch.utils.checkpoint, so backward recomputes the chunk's logits
-instead of keeping them; the entropy (a metric) comes from the same logits under no_grad. Peak logits memory is
+instead of keeping them; the entropy comes from the same logits, under no_grad unless asked for "grad" (a bonus). Peak logits memory is
 one chunk, where the plain forward keeps [B, T, V] in the model dtype, its fp32 copy and log_softmax's output.
 
 It runs inside the model's forward (a forward hook replaces the output), so a DeepSpeed engine sees the log-probs as
@@ -28,17 +28,17 @@ from rlflow.stages import grpo
 LOGITS_PER_CHUNK = 2**26
 
 
-def _chunk(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, entropy: bool):
+def _chunk(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, entropy: bool | str):
     logits = head(hidden).float() / temperature
     logprobs = grpo.token_logprobs(logits, targets)
     if not entropy:
         return logprobs, None
-    with torch.no_grad():
+    with torch.no_grad() if entropy != "grad" else contextlib.nullcontext():  # "grad": for an entropy bonus
         return logprobs, grpo.entropy_from_logits(logits)
 
 
 def chunked_logprobs(
-    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunks: int, entropy: bool = False
+    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunks: int, entropy: bool | str = False
 ) -> tuple[Tensor, Tensor | None]:
     """[B, T, H] hidden states and [B, T] targets -> ([B, T] log-probs at `temperature`, [B, T] entropy or None),
     equal to grpo.token_logprobs / entropy_from_logits of head(hidden).float() / temperature.
@@ -76,7 +76,7 @@ class TokenLogprobs:
     def __init__(self, model: nn.Module, chunk_tokens: int | None = None):
         self.head = model.get_output_embeddings()
         self.chunk_tokens = chunk_tokens or max(1, LOGITS_PER_CHUNK // model.config.vocab_size)
-        self._request: tuple[Tensor, float, bool, int] | None = None
+        self._request: tuple[Tensor, float, bool | str, int] | None = None
         self._hidden: Tensor | None = None
         model.base_model.register_forward_hook(self._keep_hidden)
         model.register_forward_hook(self._replace_output, prepend=True)
@@ -86,7 +86,7 @@ class TokenLogprobs:
         return max(1, math.ceil(positions / self.chunk_tokens))
 
     @contextlib.contextmanager
-    def request(self, targets: Tensor, temperature: float, entropy: bool, chunks: int | None = None):
+    def request(self, targets: Tensor, temperature: float, entropy: bool | str, chunks: int | None = None):
         """targets: [B, L-1] = input_ids[:, 1:] of the forward run inside the block; chunks: the lm_head runs for
         this forward (None: chunks_for its own positions; under ZeRO-3 give every rank the same count)."""
         self._request = (targets, temperature, entropy, chunks or self.chunks_for(targets.numel()))

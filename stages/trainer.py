@@ -1,6 +1,8 @@
-"""DeepSpeedTrainer: grouped trajectories in, one GRPO optimizer step out, weights out in buckets.
+"""DeepSpeedTrainer: grouped trajectories in, one policy-gradient optimizer step out, weights out in buckets.
 
-The loss math lives in stages/grpo.py, micro-batch layouts (padded, packed) in stages/packing.py, chunked
+The loss math lives in small pure modules: the algorithm's advantage estimator (stages/advantages.py), policy loss
+(stages/policy_losses.py, PPO-clip in stages/grpo.py), aggregation (stages/loss_agg.py), KL (stages/kl.py) and
+reward shaping (stages/reward_shaping.py); micro-batch layouts (padded, packed) in stages/packing.py, chunked
 log-probs in stages/logprobs.py; this module is plumbing: the DeepSpeed engine, weights and checkpoints. With N
 data-parallel ranks (one process each, joined in one process group by rlflow/runtime/trainer_worker.py), each rank
 trains a shard of the batch cut by stages/batch_shards.py; `train_step` is the one-rank case of `train_shard`.
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.stages import grpo, packing
+from rlflow.stages import advantages, grpo, kl, loss_agg, packing, policy_losses
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.logprobs import TokenLogprobs, supports
 from rlflow.stages.trajectory import Trajectory
@@ -169,7 +171,8 @@ def lr_factor(schedule: dict | None, step: int) -> float:
 
 
 class DeepSpeedTrainer:
-    """A causal LM under a DeepSpeed engine, updated by GRPO with decoupled PPO for stale trajectories."""
+    """A causal LM under a DeepSpeed engine, updated by the named algorithm (GRPO by default) with decoupled PPO
+    for stale trajectories."""
 
     def __init__(
         self,
@@ -196,16 +199,28 @@ class DeepSpeedTrainer:
         micro_batch_tokens: int | None = None,
         gradient_checkpointing: bool = False,
         logit_chunk_tokens: int | None = None,
+        algo: str = "grpo",
+        algo_options: dict | None = None,
+        entropy_coef: float = 0.0,
+        kl_estimator: kl.KlEstimator | None = None,
+        max_new_tokens: int | None = None,
+        overlong: dict | None = None,
     ):
         """packing: each micro-batch's trajectories in one row without padding (stages/packing.py), checked on this
         model at start; micro_batch_tokens: with packing, at most this many tokens per micro-batch (None: as many
         micro-batches as micro_batch_size rows make). gradient_checkpointing: recompute each decoder layer's
         activations in backward. logit_chunk_tokens: positions per lm_head chunk (None: stages/logprobs.py's size;
-        0: no chunks, the full logits)."""
+        0: no chunks, the full logits).
+        algo: the algorithm (stages/policy_losses.py POLICY_LOSSES), algo_options its block of the train stage (gspo,
+        cispo: clip_low / clip_high, which replace the PPO ones; reinforce_pp: kl_in_reward); entropy_coef: weight
+        of the entropy bonus; kl_estimator: k1 / k2 / k3 (None: k1 folded into the reward, k3 as a loss term);
+        max_new_tokens: the generation budget, L of loss_agg seq-mean-token-sum-norm; overlong: keyword arguments of
+        reward_shaping.overlong_penalty (None: no shaping)."""
         import deepspeed
 
-        if loss_agg not in ("token", "sequence"):
-            raise ValueError(f"loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
+        loss_agg_mode = loss_agg_mode_of(loss_agg, max_new_tokens)
+        if algo not in policy_losses.POLICY_LOSSES:
+            raise ValueError(f"algo must be one of {', '.join(policy_losses.POLICY_LOSSES)}; got {algo!r}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the sampler's temperature), got {temperature}")
         if off_policy not in grpo.OFF_POLICY:
@@ -216,6 +231,16 @@ class DeepSpeedTrainer:
         self.loss_agg = loss_agg
         self.kl_coef = kl_coef
         self.max_importance_ratio = max_importance_ratio
+        self.algo, self.entropy_coef, self.overlong = algo, entropy_coef, overlong
+        self.max_tokens = max_new_tokens if loss_agg_mode == "seq-mean-token-sum-norm" else None
+        options = dict(algo_options or {})
+        #: REINFORCE++ folds the KL into the per-token reward (then it is no loss term)
+        kl_in_reward = options.pop("kl_in_reward", True)
+        self.kl_in_reward = algo in advantages.TOKEN_LEVEL and kl_coef > 0 and kl_in_reward
+        self.kl_estimator = kl_estimator or ("k1" if self.kl_in_reward else "k3")
+        self._policy_loss = policy_losses.POLICY_LOSSES[algo]
+        clip = {} if algo in ("gspo", "cispo") else {"clip_low": clip_low, "clip_high": clip_high}  # theirs: options
+        self._loss_kwargs = {**clip, **options, "max_importance_ratio": max_importance_ratio, **self.off_policy}
         self.temperature = temperature
         self.version = 0
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
@@ -291,9 +316,10 @@ class DeepSpeedTrainer:
         return batches
 
     def _forward(self, model, head: TokenLogprobs | None, input_ids, *, attention_mask=None, position_ids=None,
-                 entropy: bool = False, chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 entropy: bool | str = False, chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B, L-1] log-probs of input_ids[:, 1:] at the sampler's temperature, their entropy or None): the lm_head
-        in `chunks` runs when `head` is attached to `model`, else from the full logits."""
+        in `chunks` runs when `head` is attached to `model`, else from the full logits. entropy "grad": with its
+        gradient (the entropy bonus), else a metric."""
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if head is not None:
             with head.request(input_ids[:, 1:], self.temperature, entropy, chunks):
@@ -302,7 +328,7 @@ class DeepSpeedTrainer:
         logprobs = grpo.token_logprobs(logits, input_ids[:, 1:])
         if not entropy:
             return logprobs, None
-        with torch.no_grad():
+        with torch.no_grad() if entropy != "grad" else contextlib.nullcontext():
             return logprobs, grpo.entropy_from_logits(logits)
 
     def _chunks(self, batches: list[packing.MicroBatch]) -> int | None:
@@ -355,8 +381,30 @@ class DeepSpeedTrainer:
     def train_step(self, trajectories: list[Trajectory], group_size: int) -> dict[str, float]:
         """One optimizer step on whole groups of `group_size` trajectories (this process is the only rank)."""
         check_batch(trajectories, group_size)
-        (shard,) = shard_batch(trajectories, 1, self.micro_batch_size, self.micro_batch_tokens)
+        (shard,) = self.shards(trajectories, 1)
         return self.train_shard(shard)
+
+    def shards(self, trajectories: list[Trajectory], world_size: int) -> list[BatchShard]:
+        """The batch cut for `world_size` ranks, with this algorithm's sequence-level advantages and reward shaping."""
+        return shard_batch(trajectories, world_size, self.micro_batch_size, self.micro_batch_tokens,
+                           advantages=advantages.ESTIMATORS[self.algo], overlong=self.overlong)
+
+    def _token_advantages(self, batches: list[packing.MicroBatch], world_size: int) -> None:
+        """Token-level estimators (REINFORCE++): each micro-batch's rewards become per-token returns, the KL to the
+        reference folded in (KL(t) of pi_behaviour, the policy that sampled: pi_old's log-probs come from the
+        training forward, after this), whitened over every token of the batch on all ranks."""
+        totals = torch.zeros(3, device=self.engine.device)
+        for mb in batches:
+            token_rewards = None
+            if self.kl_in_reward:
+                token_rewards = kl.kl_reward(mb.behaviour_logprobs, mb.ref_logprobs.float(), mb.mask, self.kl_coef,
+                                             self.kl_estimator)
+            mb.advantages = advantages.token_returns(mb.advantages, token_rewards, mb.mask, mb.segments)
+            totals += advantages.moments(mb.advantages, mb.mask)
+        if world_size > 1:
+            torch.distributed.all_reduce(totals)
+        for mb in batches:
+            mb.advantages = advantages.whiten(mb.advantages, mb.mask, totals)
 
     def train_shard(self, shard: BatchShard) -> dict[str, float]:
         """This rank's part of one optimizer step; every rank of the process group calls it with its shard
@@ -364,7 +412,8 @@ class DeepSpeedTrainer:
         t0 = time.perf_counter()
         batches = self._micro_batches(shard)
         num_tokens, num_sequences = shard.num_tokens, shard.num_sequences
-        normalizer = num_tokens if self.loss_agg == "token" else num_sequences
+        normalizer = loss_agg.normalizer_of(self.loss_agg, num_tokens, num_sequences)
+        agg = {"loss_agg": self.loss_agg, "normalizer": normalizer, "max_tokens": self.max_tokens}
 
         chunks = self._chunks(batches)
         if self.ref_model is not None:
@@ -372,6 +421,8 @@ class DeepSpeedTrainer:
                 for mb in batches:
                     mb.ref_logprobs, _ = self._forward(self.ref_model, self._ref_logprobs, mb.input_ids, chunks=chunks,
                                                        attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+        if self.algo in advantages.TOKEN_LEVEL:
+            self._token_advantages(batches, shard.world_size)
 
         token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
                        "importance_truncated_frac", "importance_masked_frac")
@@ -379,29 +430,31 @@ class DeepSpeedTrainer:
         weight_max = 0.0
         for k, mb in enumerate(batches):
             self.engine.set_gradient_accumulation_boundary(k == len(batches) - 1)
-            logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, entropy=True, chunks=chunks,
+            logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, chunks=chunks,
+                                              entropy="grad" if self.entropy_coef > 0 else True,
                                               attention_mask=mb.attention_mask, position_ids=mb.position_ids)
             # pi_old, the proximal policy, is the weights at the start of this step, and one batch is one optimizer
             # step: the weights of this forward. Its log-probs, detached, are pi_old's, so no separate no-grad
             # forward per micro-batch is run for them (a quarter of the step's forward and backward compute)
             mb.old_logprobs = logprobs.detach()
-            pg_loss, stats = grpo.policy_loss(
-                logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
-                clip_low=self.clip_low, clip_high=self.clip_high,
-                max_importance_ratio=self.max_importance_ratio, loss_agg=self.loss_agg, normalizer=normalizer,
-                segments=mb.segments, **self.off_policy,
-            )  # fmt: skip
+            pg_loss, stats = self._policy_loss(logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
+                                               segments=mb.segments, **agg, **self._loss_kwargs)
             loss = pg_loss
             if self.ref_model is not None:
-                kl = grpo.kl_penalty(logprobs, mb.ref_logprobs, mb.mask, loss_agg=self.loss_agg, normalizer=normalizer,
-                                     segments=mb.segments)
-                loss = loss + self.kl_coef * kl
-                sums["kl"] += kl.item()
+                with torch.no_grad() if self.kl_in_reward else contextlib.nullcontext():  # in the reward: a metric
+                    kl_term = kl.kl_penalty(logprobs, mb.ref_logprobs, mb.mask, segments=mb.segments,
+                                            estimator=self.kl_estimator, **agg)
+                if not self.kl_in_reward:
+                    loss = loss + self.kl_coef * kl_term
+                sums["kl"] += kl_term.item()
+            if self.entropy_coef > 0:
+                loss = loss - policy_losses.entropy_bonus(entropy, mb.mask, self.entropy_coef, segments=mb.segments,
+                                                          **agg)
             # DeepSpeed averages gradients over the ranks; each rank's loss is its part of the batch's sum
             self.engine.backward(loss * shard.world_size)
 
             share = float(mb.mask.sum()) / max(num_tokens, 1.0)  # token-weighted means across micro-batches
-            sums["entropy"] += float((entropy * mb.mask).sum()) / max(num_tokens, 1.0)
+            sums["entropy"] += float((entropy.detach() * mb.mask).sum()) / max(num_tokens, 1.0)
             sums["loss"] += loss.item()
             sums["pg_loss"] += pg_loss.item()
             for key in token_means:
@@ -563,3 +616,11 @@ def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
     wrong = {g: n for g, n in counts.items() if n > group_size}
     if wrong:
         raise ValueError(f"groups may have at most group_size={group_size} members; got {wrong}")
+
+
+def loss_agg_mode_of(name: str, max_new_tokens: int | None) -> str:
+    """The aggregation mode `name` spells (stages/loss_agg.py), checked: seq-mean-token-sum-norm needs its L."""
+    mode = loss_agg.canonical(name)
+    if mode == "seq-mean-token-sum-norm" and not max_new_tokens:
+        raise ValueError("loss_agg seq-mean-token-sum-norm divides by the generation budget: pass max_new_tokens")
+    return mode

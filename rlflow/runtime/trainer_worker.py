@@ -112,7 +112,7 @@ class TrainerWorker:
 
     def train(self, step: TrainStep) -> StepResult:
         """One step on the consumed groups (rank 0: all ranks train their shard); publishes step.version + 1."""
-        from rlflow.stages.batch_shards import merge_rank_metrics, shard_batch
+        from rlflow.stages.batch_shards import merge_rank_metrics
         from rlflow.stages.trainer import NONFINITE_ORDER, check_batch
 
         trajectories = ray.get(self.store.take.remote(step.traj_ids), timeout=RANK_CALL_TIMEOUT_S)
@@ -120,7 +120,7 @@ class TrainerWorker:
         for t in trajectories:
             t.reward = step.rewards[t.traj_id]
         check_batch(trajectories, step.group_size)
-        shards = shard_batch(trajectories, self.world_size, self.trainer.micro_batch_size, self.trainer.micro_batch_tokens)
+        shards = self.trainer.shards(trajectories, self.world_size)  # the algorithm's advantages, once, over the batch
         per_rank = self._all("train_shard", own=lambda: self.trainer.train_shard(shards[0]),
                              peer_args=[(shard,) for shard in shards[1:]])
         nonfinite = max((m.pop("nonfinite") for m in per_rank), key=NONFINITE_ORDER.index)
