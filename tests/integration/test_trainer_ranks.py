@@ -38,7 +38,7 @@ def batch(tmp_path_factory):
     return model_dir, trajs
 
 
-def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None):
+def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None, kwargs=KWARGS):
     """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs`, (save,) and
     return (weights before, weights after, metrics)."""
     from rlflow.runtime.parameter_server import ParameterServer, fetch_state
@@ -46,7 +46,7 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
     from rlflow.runtime.trainer_worker import launch_trainer
 
     store, params = PayloadStore.remote(), ParameterServer.remote()
-    leader, placement = launch_trainer(model_dir, ds_config(stage), KWARGS, store, params, world_size=world_size,
+    leader, placement = launch_trainer(model_dir, ds_config(stage), kwargs, store, params, world_size=world_size,
                                        options=options or {"num_cpus": 0.5, "num_gpus": 0}, source="test", stage="train")
     try:
         ray.get(leader.ready.remote(), timeout=300)
@@ -99,6 +99,21 @@ def test_two_ranks_make_the_same_update_as_one(stage, batch, ray_cluster, tmp_pa
         restored, _, _ = train_once(ray_cluster, model_dir, trajs, 2, stage, load_from=tmp_path / "ckpt")
         for name in after2:
             np.testing.assert_array_equal(restored[name], after2[name])
+
+
+def test_reinforce_pp_whitens_over_both_ranks_tokens(batch, ray_cluster):
+    """REINFORCE++'s advantages are per-token returns (the KL folded in) whitened over the whole batch: the ranks
+    add their moments, so two ranks make one rank's update."""
+    model_dir, trajs = batch
+    kwargs = {**KWARGS, "algo": "reinforce_pp", "kl_coef": 0.05, "loss_agg": "token-mean"}
+    before1, after1, m1 = train_once(ray_cluster, model_dir, trajs, 1, 1, kwargs=kwargs)
+    before2, after2, m2 = train_once(ray_cluster, model_dir, trajs, 2, 1, kwargs=kwargs)
+    assert m2["ranks"] == 2
+    for name in before1:
+        np.testing.assert_allclose(after2[name] - before2[name], after1[name] - before1[name], rtol=1e-3, atol=1e-7,
+                                   err_msg=name)
+    for key in ("loss", "pg_loss", "kl", "grad_norm"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.mark.slow  # the ranks' equivalence and checkpoint test above covers the trainer; this is the plan's wiring
