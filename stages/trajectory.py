@@ -5,7 +5,7 @@ Plain data (lists, not tensors) so it crosses Ray's object store and Ray Data bl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 def member_id(group_id: str, index: int) -> str:
@@ -59,8 +59,14 @@ class Trajectory:
         return min(versions), max(versions)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Its fields as a dict, lists and the row copied one level (dataclasses.asdict copies recursively, element by
+        element: 1.3 ms a group of 8 in the driver's ledger write, on every step's critical path)."""
+        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, row: dict) -> Trajectory:
         return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value

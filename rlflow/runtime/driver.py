@@ -67,6 +67,7 @@ class Run:
         self.plan, self.out_dir, self.resume, self.log = plan, Path(out_dir).absolute(), resume, log
         self.control = plan.staleness.model_dump(exclude_unset=True)  # the buffer's policy arguments
         self.stop_requested = False
+        self.ending = False  # _shutdown started: a step finished now routes no new work
         self.stop_signal: int | None = None  # the signal that stopped the run (rlflow run exits 128 + it)
         self.grace: Grace | None = None  # after SIGTERM: the bound on the stop (stop_signal.py)
         self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
@@ -127,9 +128,7 @@ class Run:
             while self.step < self.metrics.steps and not self.stop_requested:
                 t0 = time.perf_counter()
                 self.elastic.tick(self._submit)
-                for f in self.fleets:
-                    f.coordinate(self.weights.version, self.weights.ref)
-                    f.send(self._submit)
+                self._coordinate()
                 if self.sink.ref is None and self.buffer.ready():
                     self._consume()
                 t1 = time.perf_counter()
@@ -214,6 +213,12 @@ class Run:
             self._poke()
         self.ledger.flush()
 
+    def _coordinate(self) -> None:
+        """Each fleet's coordinator cycle, when one is due, and the commands it queued sent to the instances."""
+        for f in self.fleets:
+            f.coordinate(self.weights.version, self.weights.ref)
+            f.send(self._submit)
+
     def _poke(self) -> None:
         """The staleness policy may admit more now, or a version is new: an idle instance need not wait for its
         coordinator's next periodic cycle (rollout_coordinator.py)."""
@@ -266,6 +271,12 @@ class Run:
         self.progress.trained()
         self.weights.refresh()
         hop_trace.mark("trained", self.weights.version)  # the version this step published
+        # the new version goes to the idle instances before the step's bookkeeping (metrics, MLflow, evaluation,
+        # checkpoint): a synchronous step's generation waits on it (benchmarks/results/step_latency.md). Not after
+        # the last step, nor while stopping: no new work is routed then
+        if self.step < self.metrics.steps and not (self.stop_requested or self.ending):
+            self._poke()
+            self._coordinate()
         now = time.monotonic()
         wall = max(now - self.last_step_t, 1e-9)
         self.last_step_t = now
@@ -359,6 +370,7 @@ class Run:
         return status
 
     def _shutdown(self, status: str) -> None:
+        self.ending = True
         try:
             if self.sink.ref is not None and status != "FAILED":  # finish the step in flight: a consistent checkpoint
                 status = self._finish_last_step(status)

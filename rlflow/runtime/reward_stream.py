@@ -164,43 +164,53 @@ class Score:
         return pa.Table.from_pydict({"groups": scored})
 
     def score(self, g: dict) -> dict:
-        row, rewards, errors = json.loads(g["row"]), [], []
-        for tid, completion in zip(g["traj_id"], g["completion"], strict=True):
-            reward, error = self.score_one(str(completion), g["answer"], g["prompt"], row,
-                                           where=f"trajectory {tid} of task '{g['task']}' (prompt {excerpt(g['prompt'])})")
-            rewards.append(reward)
-            errors.append(error)
-        return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], "reward": rewards,
-                "reward_error": errors, "stage_error": self.hung, **{k: g[k] for k in SPAN if k in g}}
+        """One group's rewards: its members go to the reward process in one message (reward_process.call_many)."""
+        row = json.loads(g["row"])
+        calls = [(str(completion), g["answer"], g["prompt"], row) for completion in g["completion"]]
+        wheres = [f"trajectory {tid} of task '{g['task']}' (prompt {excerpt(g['prompt'])})" for tid in g["traj_id"]]
+        results: list[tuple[float, str]] = []
+        while len(results) < len(calls):  # call_many stops after a call that timed out or ended the process
+            i = len(results)
+            if self.hung:
+                results.append(self._not_called())
+                continue
+            results += [self._judge(outcome, calls[i + k], wheres[i + k])
+                        for k, outcome in enumerate(self.process.call_many(calls[i:]))]
+        return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"],
+                "reward": [r for r, _ in results], "reward_error": [e for _, e in results], "stage_error": self.hung,
+                **{k: g[k] for k in SPAN if k in g}}
 
     def score_one(self, completion: str, answer: str, prompt: str, row: dict, where: str = "a row") -> tuple[float, str]:
         """(reward, "") or (nan, why it failed): raised, not a finite number, timed out, or killed its process
         twice on this row (`where` names the row in the message)."""
         if self.hung:
-            return float("nan"), (f"{self.fn_ref} not called: its last {self.timeouts_in_row} calls timed out "
-                                  f"after {self.timeout_s:g} s")
-        try:
-            try:
-                value = self.process.call(completion, answer, prompt, row)
-            except RewardDied:  # once may be the OOM killer or a kill from outside: a new process, the same row
-                value = self.process.call(completion, answer, prompt, row)
-        except RewardTimeout:
+            return self._not_called()
+        call = (completion, answer, prompt, row)
+        return self._judge(self.process.call_many([call])[0], call, where)
+
+    def _not_called(self) -> tuple[float, str]:
+        return float("nan"), (f"{self.fn_ref} not called: its last {self.timeouts_in_row} calls timed out "
+                              f"after {self.timeout_s:g} s")
+
+    def _judge(self, outcome: float | Exception, call: tuple, where: str) -> tuple[float, str]:
+        """A call's outcome as (reward, "") or (nan, why); a process that died on it gets the row once more."""
+        if isinstance(outcome, RewardDied):  # once may be the OOM killer or a kill from outside: a new process
+            outcome = self.process.call_many([call])[0]
+        if isinstance(outcome, RewardTimeout):
             self.timeouts_in_row += 1
             if self.timeouts_in_row >= TIMEOUTS_IN_A_ROW:
                 self.hung = (f"{self.fn_ref} timed out on {self.timeouts_in_row} calls in a row ({self.timeout_s:g} s "
                              f"each; the last on {where})")
             return float("nan"), f"{self.fn_ref} timed out after {self.timeout_s:g} s"
-        except RewardDied as e:
-            self.timeouts_in_row = 0
-            why = (f"{self.fn_ref} killed its process ({e.how}) on {where}, twice; this trajectory fails, the "
+        self.timeouts_in_row = 0
+        if isinstance(outcome, RewardDied):
+            why = (f"{self.fn_ref} killed its process ({outcome.how}) on {where}, twice; this trajectory fails, the "
                    "stage goes on")
             print(f"rlflow: reward {why}", file=sys.stderr, flush=True)  # the actor's log
             return float("nan"), why
-        except RewardFailed as e:
-            self.timeouts_in_row = 0
-            return float("nan"), f"{self.fn_ref} {e}"
-        self.timeouts_in_row = 0
-        return value, ""
+        if isinstance(outcome, RewardFailed):
+            return float("nan"), f"{self.fn_ref} {outcome}"
+        return outcome, ""
 
 
 def per_trajectory(bundles: pa.Table) -> dict:

@@ -210,6 +210,7 @@ class RolloutFleet:
         self.pull_s += report.pull_s
         if self.episodic:
             self._count_episodes(report)
+        completed: dict[str, list[list[str]]] = {}  # reward stage -> members of each group this report completed
         for meta in report.finished:
             tid = member_id(meta.group_id, meta.index)
             self.lengths[tid] = meta.tokens
@@ -223,7 +224,10 @@ class RolloutFleet:
                 continue
             done = self.assembler.finish(gid, tid)
             if done is not None:
-                self._group_done(gid, done)
+                stage, members = self._group_done(gid, done)
+                completed.setdefault(stage, []).append(members)
+        for stage, groups in completed.items():  # one bundle down each reward stream (payload_store.enqueue_groups)
+            self.store.enqueue_groups.remote(stage, groups)
         # partial rollouts back to the TS, or to the instance a Route waits with
         self.counts["rerouted"] += self.coordination.returned(inst, report.interrupted, self.instances)
 
@@ -237,7 +241,8 @@ class RolloutFleet:
             self.counts["env_wait_s"] += meta.env_s
         self.counts[f"env_waiting_{self.stage}_{report.instance}"] = len(report.snapshot.env_trajs)
 
-    def _group_done(self, gid: str, done) -> None:
+    def _group_done(self, gid: str, done) -> tuple[str, list[str]]:
+        """A group's last member finished: (its reward stage, the members to score); the caller enqueues them."""
         self._abort_members(done.surplus)
         unrouted = self.coordination.queue.forget_group(gid)  # members never routed leave the TS (no payload)
         ids = (member_id(gid, m) for m in range(self.members))
@@ -245,9 +250,9 @@ class RolloutFleet:
         self.buffer.completed(gid, done.version)
         self.ledger.state(gid, "generated", done.version)
         task = gid.rsplit("-", 1)[0]
-        self.store.enqueue_group.remote(self.reward_stage[task], members)
         if self.dispatch is not None:  # the ranker learns the prompt's completion length
             self.dispatch.completed(gid, [self.lengths[t] for t in members if t in self.lengths])
+        return self.reward_stage[task], members
 
     def abort_group(self, gid: str) -> bool:
         """The buffer evicted a group still generating (e.g. batch-redundancy surplus); False if not ours."""

@@ -89,3 +89,16 @@ def returns(completion: str, answer: str):
 def always_zero(completion: str, answer: str) -> float:
     """A policy that never earns a reward: every group is uniform, so drop_uniform_groups filters it."""
     return 0.0
+
+
+def dies_or_hangs_on(completion: str, answer: str) -> float:
+    """exact_match, but the process exits on the completion "die" and never returns on "hang": one bad member in
+    the middle of a group."""
+    import os
+    import time
+
+    if completion == "die":
+        os._exit(1)
+    while completion == "hang":
+        time.sleep(1)
+    return 1.0 if completion.strip() == answer.strip() else 0.0

@@ -85,6 +85,23 @@ def test_score_marks_each_member():
     assert out["stage_error"] == ""
 
 
+def test_a_group_goes_in_one_message_and_its_members_fail_alone():
+    """The members go to the reward process together (reward_process.call_many); one that kills the process or
+    hangs fails alone, and those after it are still scored (by a new process)."""
+    g = {"group_id": "g", "task": "main", "traj_id": [f"g/{i}" for i in range(5)],
+         "completion": ["2", "die", "3", "hang", "2"], "answer": "2", "prompt": "1+1=", "row": "{}"}
+    score = score_with("dies_or_hangs_on", timeout_s=0.5)
+    out = score.score(g)
+    assert out["reward"][0] == 1.0 and out["reward"][2] == 0.0 and out["reward"][4] == 1.0
+    assert math.isnan(out["reward"][1]) and math.isnan(out["reward"][3])
+    assert out["reward_error"][1].startswith("rewards_for_tests:dies_or_hangs_on killed its process (exit code 1) "
+                                             "on trajectory g/1 of task 'main'")
+    assert out["reward_error"][3] == "rewards_for_tests:dies_or_hangs_on timed out after 0.5 s"
+    assert out["stage_error"] == "" and score.timeouts_in_row == 0
+    # the first process, its retry on "die", the one that hung on "hang", and the one that scored the last member
+    assert score.process.spawned == 4
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
