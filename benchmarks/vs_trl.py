@@ -11,7 +11,8 @@ Three runs, one after another so each has the machine to itself:
   (`use_cpu`, fp32, no vLLM, no gradient checkpointing), one optimizer step per generation batch of
   batch-prompts x group-size completions, constant learning rate, DAPO token-level loss, clip 0.2 / 0.28, no KL,
   rewards scaled by the group's std: rlflow's GRPO defaults. Its model is saved with `trainer.save_model`.
-- rlflow sync: `rlflow compile p.yaml && rlflow run` in a scratch directory, buffer->train a barrier (eta = 0).
+- rlflow sync: `rlflow compile p.yaml && rlflow run` in a scratch directory, buffer->train a barrier (eta = 0); its
+  DeepSpeed config is configs/deepspeed/zero1.json with the whole batch as one micro-batch, as TRL's is.
 - rlflow async: the same with a staleness bound eta = 1 (the quickstart's), no group filter on either.
 
 Same everywhere: `builtin:tiny-llama` built for `arith` (cached under ~/.cache/rlflow/models), the `arith` rows
@@ -293,7 +294,7 @@ stages:
   rollout: {{kind: rollout, engine: hf, replicas: 1, group_size: {args.group_size}, max_new_tokens: {args.max_new_tokens}, max_running: 128, temperature: 1.0}}
   score:   {{kind: reward, fn: exact_match}}
   buffer:  {{kind: buffer, batch_groups: {args.batch_prompts}}}
-  train:   {{kind: train, deepspeed: configs/deepspeed/zero1.json, steps: {args.steps}, lr: {args.lr}, eval_every: 0, checkpoint_every: 0}}
+  train:   {{kind: train, deepspeed: ds.json, steps: {args.steps}, lr: {args.lr}, eval_every: 0, checkpoint_every: 0}}
 edges:
   - {{from: data,    to: rollout, policy: {{kind: streaming}}}}
   - {{from: rollout, to: score,   policy: {{kind: streaming}}}}
@@ -309,6 +310,11 @@ def run_rlflow(mode: str, args, scratch: Path) -> dict:
     work.mkdir()
     (work / "p.yaml").write_text(pipeline_yaml(mode, args))
     os.symlink(ROOT / "configs", work / "configs")
+    # one forward/backward pass per step on both sides: TRL's per_device_train_batch_size is the whole batch, so is
+    # rlflow's micro-batch (zero1.json's 8 rows would run 8 passes where TRL runs one)
+    ds = json.loads((ROOT / "configs" / "deepspeed" / "zero1.json").read_text())
+    ds["train_micro_batch_size_per_gpu"] = args.batch_prompts * args.group_size
+    (work / "ds.json").write_text(json.dumps(ds, indent=2))
     log = work / "run.log"
     rlflow = [sys.executable, "-m", "rlflow.cli"]
     with log.open("w") as out, TreeCPU() as cpu:

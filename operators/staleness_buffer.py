@@ -64,6 +64,16 @@ class StaleFlowManager(StalenessPolicy):
         self._buffers: dict[int, _Buffer] = {}
         self._where: dict[GroupId, tuple[int, int, bool]] = {}  # gid -> (V_buf, V_traj, occupied)
 
+    def set_batch_redundancy(self, batch_redundancy: int) -> None:
+        """Batch redundancy from now on (the runtime's `auto`, rlflow/runtime/buffer.py): B + r entries per buffer.
+        Never below the entries a live buffer holds: a reserved group must find its place when it occupies; the
+        capacity comes down to B + r as those entries are trained, filtered or aborted (the next call)."""
+        if batch_redundancy < 0:
+            raise StalenessError(f"batch_redundancy must be >= 0, got {batch_redundancy}")
+        held = max((len(b.occupied) + b.n_reserved for b in self._buffers.values()), default=0)
+        self.batch_redundancy = batch_redundancy
+        self.capacity = max(self.batch_size + batch_redundancy, held)
+
     # -- buffers -------------------------------------------------------------------------------
     def _buffer(self, v_buf: int) -> _Buffer:
         buf = self._buffers.get(v_buf)

@@ -174,7 +174,7 @@ class Staleness(_Part):
     batch_size: int
     eta: int | None = None
     capacity: int | None = None
-    batch_redundancy: int = 0
+    batch_redundancy: int | Literal["auto"] = 0  # auto: the runtime buffer adapts it (rlflow/runtime/buffer.py)
 
 
 class Control(_Part):

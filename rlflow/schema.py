@@ -559,11 +559,14 @@ class Barrier(Strict):
     """Synchronous: the whole batch is generated with the current weights, then trained (eta = 0)."""
 
     kind: Literal["barrier"]
-    batch_redundancy: NonNegInt = 0
+    batch_redundancy: NonNegInt | Literal["auto"] = "auto"
     """Extra groups admitted per batch, all from the current weights; the surplus is aborted. With a group filter
-    (drop_uniform_groups) a barrier otherwise refills the dropped groups one generation round at a time (several
-    rounds per step); redundancy covers them in the first round. Trains the first groups to finish: shorter
-    completions are favoured, as with StaleFlow's redundancy (§4)."""
+    (drop_uniform_groups) a barrier otherwise refills the dropped groups as their rewards come back, a round of
+    generation and reward each (the last ones one group at a time); redundancy covers them in the first round.
+    auto (the default): as many as the filter drops, from the share p of the last 4 batches' scored groups it
+    dropped: B x p / (1 - p), at most 2 B (B: batch_groups); 0 until a batch's worth of groups was scored, and 0
+    without a filter. Trains the first groups to finish: shorter completions are favoured, as with StaleFlow's
+    redundancy (§4)."""
 
 
 class StalenessBound(Strict):
@@ -576,8 +579,9 @@ class StalenessBound(Strict):
     """none: StaleFlow staleness buffers (admission control); drop: bounded queue, drop oldest on overflow; max: drop samples above eta."""
     capacity: PositiveInt | None = None
     """Queue capacity in groups (queue drop or max); default: one batch (q = 1)."""
-    batch_redundancy: NonNegInt = 0
-    """Extra groups admitted per batch (staleness buffers only); the surplus is aborted."""
+    batch_redundancy: NonNegInt | Literal["auto"] = 0
+    """Extra groups admitted per batch (staleness buffers only); the surplus is aborted. auto: as many as the group
+    filter drops (see barrier)."""
 
 
 class InFlightLimit(Strict):

@@ -10,6 +10,8 @@ the invariants of §5 on it: no group above the bound, none trained twice, conse
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Callable
 
 from rlflow.errors import RunFailed
@@ -18,13 +20,17 @@ from rlflow.operators.policy_kinds import make_policy
 from rlflow.runtime.messages import ScoredBatch, TrainBatch
 
 PAYLOAD_TIMEOUT_S = 120.0  # the payload store hands over a batch of buffered groups' payloads for the ledger
+AUTO_WINDOW_BATCHES = 4  # batch_redundancy auto: the filter's drop rate over this many batches' scored groups
 
 
 class Buffer:
     """The staleness policy plus the groups between reservation and training."""
 
     def __init__(self, control: dict, store, ledger, counts: dict, abort_group: Callable[[str], None], log=print):
-        self.policy = make_policy(**control)
+        # batch_redundancy auto: the policy starts with none and follows the group filter's drops (_scored)
+        self.auto_redundancy = control.get("batch_redundancy") == "auto"
+        self.policy = make_policy(**{**control, "batch_redundancy": 0} if self.auto_redundancy else control)
+        self.recent: deque[bool] = deque(maxlen=AUTO_WINDOW_BATCHES * control["batch_size"])  # kept or dropped
         self.ledger = ledger
         self.eta = control["eta"]
         self.store, self.counts, self.abort_group, self.log = store, counts, abort_group, log
@@ -109,6 +115,7 @@ class Buffer:
             self.counts["reward_failed"] += len(failed)
             self.log(f"reward failed for {len(failed)} trajectory(ies) of group {gid}: {failed[0][1]}")
         good = {tid: r for tid, r, err, kept in rows if not err and kept}
+        self._scored(bool(good))
         if not good:  # filtered (e.g. uniform rewards) or every reward failed
             self._evict(self.policy.filter(gid))  # may abort batch-redundancy surplus
             self.group_version.pop(gid, None)
@@ -121,6 +128,21 @@ class Buffer:
             self.ledger.state(gid, "buffered")  # its payload follows in _persist, in the same commit
             self._evict(self.policy.occupy(gid, self.group_version.pop(gid)))
         return [r for _, r, err, _ in rows if not err]
+
+    def _scored(self, kept: bool) -> None:
+        """batch_redundancy auto: admit as many extra groups per batch as the filter is dropping, B p / (1 - p) for
+        a drop rate p, so a barrier's batch fills in about one round of generation instead of refilling dropped
+        groups a round each (benchmarks/results/step_latency.md); at most 2 B, and none until a batch's worth of
+        groups was scored."""
+        if not self.auto_redundancy:
+            return
+        self.recent.append(kept)
+        b = self.policy.batch_size
+        if len(self.recent) < b:
+            return
+        dropped = 1.0 - sum(self.recent) / len(self.recent)
+        extra = 2 * b if dropped >= 2 / 3 else math.ceil(b * dropped / (1.0 - dropped) - 1e-9)
+        self.policy.set_batch_redundancy(extra)
 
     def restore(self, gid: str, version: int, rewards: dict[str, float]) -> str:
         """A group buffered before a resume (its payloads already back in the store), into the policy with its

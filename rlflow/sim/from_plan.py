@@ -218,7 +218,9 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     instances = counts[0]
     common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control.batch_size,
                   policy=control.kind, eta=control.eta, capacity=control.capacity,
-                  batch_redundancy=control.batch_redundancy, steps=steps, warmup_steps=min(10, steps // 5),
+                  # auto adapts to the group filter's drops at run time; the simulator drops no groups (it models no
+                  # rewards), so auto admits none extra, as the runtime's rule does without drops
+                  batch_redundancy=0 if control.batch_redundancy == "auto" else control.batch_redundancy, steps=steps, warmup_steps=min(10, steps // 5),
                   seed=plan.pipeline["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
                   **episodes(rollout, w, notes))
     if mode == "slots":

@@ -23,7 +23,7 @@ settings.register_profile("staleness-thorough", parent=settings.get_profile("sta
 PROFILE = settings.get_profile(os.environ.get("RLFLOW_HYPOTHESIS_PROFILE", "staleness"))
 
 FIFO = {"unbounded", "queue_drop"}  # train in completion order; the other queues train the stalest first
-OPS = ["round"] * 4 + ["dispatch", "finish", "abort", "filter", "consume", "drain"]
+OPS = ["round"] * 4 + ["dispatch", "finish", "abort", "filter", "consume", "drain", "redundancy"]
 
 
 @st.composite
@@ -118,6 +118,11 @@ class Driver:
             else:
                 del self.pending[gid]
             self.removed(returned)
+
+    def redundancy(self, rng):
+        """batch_redundancy auto (rlflow/runtime/buffer.py) changes a staleness buffer's capacity between any calls."""
+        if hasattr(self.p, "set_batch_redundancy"):
+            self.p.set_batch_redundancy(rng.randint(0, 2 * self.p.batch_size))
 
     def round(self, rng):
         """A steady-state slice: new groups start, some members finish, the trainer takes a batch if it can."""

@@ -121,3 +121,51 @@ def test_the_reward_operator_applies_the_group_filter_to_the_group_it_scored():
         pa.Table.from_pydict({"groups": [[group("mixed", ["2", "3"]), group("uniform", ["3", "4"])]]}))
     batch = per_trajectory(scored)
     assert dict(zip(batch["group_id"], batch["kept"], strict=True)) == {"mixed": True, "uniform": False}
+
+
+def test_auto_redundancy_admits_as_many_extra_groups_as_the_filter_drops(tmp_path, monkeypatch):
+    """barrier batch_redundancy auto: none until a batch's worth of groups was scored, then B p / (1 - p) for the
+    drop rate p of the recent groups (capped at 2 B); the policy then reserves that many more groups per batch."""
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    ledger, store = Ledger(tmp_path, eta=0, fresh=True), FakeStore({})
+    buffer = Buffer({"kind": "synchronous", "batch_size": 4, "eta": 0, "batch_redundancy": "auto"}, store, ledger, {},
+                    abort_group=lambda gid: None, log=lambda *a: None)
+
+    def reserved() -> int:  # groups the policy admits now at version 0, beyond those it holds
+        n = 0
+        while buffer.verify(0):
+            buffer.reserve(f"t-{100 + n}", 0)
+            n += 1
+        for k in range(n):
+            buffer.policy.abort(f"t-{100 + k}")
+            buffer.generating.discard(f"t-{100 + k}")
+        return n
+
+    assert buffer.policy.batch_redundancy == 0 and reserved() == 4
+    uniform = [1.0, 1.0]  # the filter (here: the kept flag) drops a group whose rewards are uniform
+    for n, kept in enumerate([True, False, False, True]):  # half of the first batch's worth dropped
+        generate(ledger, store, buffer, f"t-{n}", 0)
+        scored = batch(f"t-{n}", uniform if not kept else [1.0, 0.0], 0)
+        if not kept:
+            scored = ScoredBatch.from_columns({**{k: [getattr(r, k) for r in scored.rows] for k in
+                                                  ("traj_id", "group_id", "task", "reward", "reward_error", "v_min", "v_max")},
+                                               "kept": [False, False]})
+        buffer.rewarded_batch(scored)
+    assert buffer.policy.batch_redundancy == 4  # p = 1/2: B p / (1 - p) = 4
+    assert reserved() == 4 + 4 - 2  # capacity B + 4, two entries occupied by the kept groups
+    buffer._scored(False)  # more drops: p = 3/5 -> ceil(4 * 1.5) = 6
+    assert buffer.policy.batch_redundancy == 6
+    for _ in range(3):
+        buffer._scored(False)  # p = 6/8 >= 2/3: capped at 2 B
+    assert buffer.policy.batch_redundancy == 8
+
+
+def test_a_fixed_redundancy_stays_fixed(setup, tmp_path):
+    ledger, store, buffer, _ = setup
+    fixed = Buffer({"kind": "synchronous", "batch_size": 4, "eta": 0, "batch_redundancy": 2}, store, ledger, {},
+                   abort_group=lambda gid: None, log=lambda *a: None)
+    for _ in range(8):
+        fixed._scored(False)
+    assert fixed.policy.batch_redundancy == 2
