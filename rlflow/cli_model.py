@@ -17,8 +17,11 @@ from rlflow.errors import PipelineInvalid
 def export(run: Annotated[str, typer.Argument(metavar="RUN", show_default=False,
                                               help="a run directory, a run id, or a pipeline name (its newest run)")],
            output: Annotated[str | None, typer.Option("-o", "--output", show_default=False,
-                                                      help="directory to write (default <run dir>/export)")] = None) -> int:
-    """write a run's policy as a Hugging Face directory, from its DeepSpeed checkpoint"""
+                                                      help="directory to write (default <run dir>/export)")] = None,
+           merged: Annotated[bool, typer.Option("--merged", help="train.lora runs: also write the merged model "
+                                                "(base + adapter) as a Hugging Face directory in <output>/merged")] = False
+           ) -> int:
+    """write a run's policy as a Hugging Face directory (a train.lora run: its adapter), from its DeepSpeed checkpoint"""
     from rlflow.runtime import checkpoint
     from rlflow.runtime import export as exporting
     from rlflow.runtime.launch import locate_run
@@ -44,8 +47,20 @@ def export(run: Annotated[str, typer.Argument(metavar="RUN", show_default=False,
     out = Path(output) if output else run_dir / "export"
     plan_file = run_dir / "export" / "plan.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
-    exporting.write(weights, model_dir, out, plan=plan,
-                    info={**info, "from": f"checkpoint {ckpt / info['tag']}", "run_dir": str(run_dir)})
+    lora = next((a["trainer_kwargs"].get("lora") for a in (plan or {}).get("actors", []) if a["role"] == "trainer"), None)
+    where = {**info, "from": f"checkpoint {ckpt / info['tag']}", "run_dir": str(run_dir)}
+    if lora is not None:
+        exporting.write_lora(weights, model_dir, out, lora, merged=merged, plan=plan, info=where)
+        print(f"wrote {out}: the LoRA adapter (rank {lora['rank']}) of step {info['step']} (weights version "
+              f"{info['version']}), from the checkpoint {ckpt / info['tag']}" + (f"; merged model in {out / 'merged'}" if merged else ""))
+        print(f"load it with:  peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('{model_dir}'), '{out}')"
+              + (f"  or  AutoModelForCausalLM.from_pretrained('{out / 'merged'}')" if merged else ""))
+        return EXIT_OK
+    if merged:
+        print(f"rlflow export: --merged merges a LoRA adapter, and run {run_dir} trained the whole model (no train.lora)",
+              file=sys.stderr)
+        return EXIT_INVALID
+    exporting.write(weights, model_dir, out, plan=plan, info=where)
     print(f"wrote {out}: step {info['step']} (weights version {info['version']}), fp32, from the ZeRO-{info['zero_stage']} "
           f"checkpoint {ckpt / info['tag']}")
     print(f"load it with:  transformers.AutoModelForCausalLM.from_pretrained('{out}')  or  vllm.LLM(model='{out}')")

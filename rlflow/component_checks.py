@@ -112,6 +112,24 @@ def _check_overlong(spec: Pipeline, stage, loc: tuple, problems: list[Problem]) 
                                 f"set cache_tokens below {limit} (DAPO: a fifth of it), or raise {what}"))
 
 
+def _check_lora(spec: Pipeline, stage, deepspeed: dict | None, loc: tuple, problems: list[Problem]) -> None:
+    """train.lora needs engines that apply adapters in place (hf; rlflow's vLLM engine does not load LoRA adapters
+    yet) and ZeRO 0-2 (the adapters are injected after the model is built, outside ZeRO-3's partitioning)."""
+    if stage.lora is None:
+        return
+    for name in stages_of(spec, "rollout"):
+        engine = spec.stages[name].engine
+        if engine != "hf":
+            problems.append(Problem(("stages", name, "engine"), f"rollout '{name}' uses engine '{engine}', which does not "
+                                    "apply LoRA adapters: a version of a train.lora run carries only the adapters",
+                                    "lora-needs-hf-engine", "use engine: hf, or remove train.lora (full fine-tuning)"))
+    stage_of_zero = ((deepspeed or {}).get("zero_optimization") or {}).get("stage", 0)
+    if stage_of_zero == 3:
+        problems.append(Problem(loc + ("lora",), f"train.lora with ZeRO-3 ('{stage.deepspeed}'): the adapters are "
+                                "injected outside ZeRO-3's partitioning", "lora-needs-unpartitioned-base",
+                                "use configs/deepspeed/zero1.json (the base is frozen: its optimizer state is the adapters')"))
+
+
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
     rollouts = stages_of(spec, "rollout")
     for name, stage in spec.stages.items():
@@ -130,7 +148,8 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                 problems.append(Problem(loc + ("deepspeed",), f"no such DeepSpeed config '{stage.deepspeed}'", "missing-file",
                                         "use one of configs/deepspeed/*.json"))
             else:
-                _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
+                config = _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
+                _check_lora(spec, stage, config, loc, problems)
             _check_overlong(spec, stage, loc, problems)
     for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
         first, t = rollouts[0], spec.stages[name].temperature

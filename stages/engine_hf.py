@@ -84,7 +84,11 @@ class HFEngine(RolloutEngine):
         chunk_size: int = 16,
         device: str = "auto",
         threads: int | None = 1,
+        lora: dict | None = None,
     ):
+        """lora: train.lora ({rank, alpha, target_modules, dropout}): the adapters are injected into the base model
+        (stages/lora.py), and each version's adapter tensors are copied into them in place; the base is never
+        reloaded (a version carries only the adapters)."""
         super().__init__(
             model_dir,
             instance_id=instance_id,
@@ -112,6 +116,10 @@ class HFEngine(RolloutEngine):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         with no_progress_bars():  # no "Loading weights" bar in every actor's log
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
+        if lora is not None:
+            from rlflow.stages.lora import inject
+
+            model = inject(model, lora)
         self.model = model.to(self.device).eval()
         self.model.requires_grad_(False)
         self._cache_kw = cache_keyword(self.model)

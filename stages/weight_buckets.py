@@ -126,19 +126,21 @@ def state_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int = BUCKET_
         yield layout, [state[n] for n in layout.names]
 
 
-def module_layouts(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> list[BucketLayout]:
-    """The buckets of a module's state dict, in module order; under ZeRO-3 from the full (`ds_shape`) shapes."""
+def module_layouts(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES, *, keep=None) -> list[BucketLayout]:
+    """The buckets of a module's state dict, in module order; under ZeRO-3 from the full (`ds_shape`) shapes.
+    keep: name -> whether the tensor is published (None: all; LoRA publishes its adapters alone, stages/lora.py)."""
     return plan_buckets(((n, tuple(getattr(t, "ds_shape", t.shape)), t.dtype)
-                         for n, t in module.state_dict(keep_vars=True).items()), bucket_bytes)
+                         for n, t in module.state_dict(keep_vars=True).items() if keep is None or keep(n)), bucket_bytes)
 
 
-def module_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES, *, gather: bool = False
+def module_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES, *, gather: bool = False, keep=None
                    ) -> Iterator[tuple[BucketLayout, list[torch.Tensor]]]:
     """The module's state dict as (layout, tensors) a bucket at a time, tensors as the module holds them (its
     device, its dtype). gather: ZeRO-3, where every rank must iterate in step (each bucket's parameters are
-    gathered on entry and released when the next bucket is asked for). Tied weights appear under each name."""
+    gathered on entry and released when the next bucket is asked for). Tied weights appear under each name. keep: as
+    `module_layouts`'s."""
     entries = module.state_dict(keep_vars=True)
-    for layout in module_layouts(module, bucket_bytes):
+    for layout in module_layouts(module, bucket_bytes, keep=keep):
         tensors = [entries[n] for n in layout.names]
         sharded = list({id(t): t for t in tensors if hasattr(t, "ds_id")}.values())
         ctx = contextlib.nullcontext()

@@ -6,6 +6,11 @@ A run exports the weights the parameter server last published (no trainer call) 
 checkpoint instead, without Ray. Either way the directory holds config.json, model.safetensors (in the published
 dtype; fp32 from a checkpoint), the tokenizer and generation files of the model directory the run started from,
 plan.json and rlflow_export.json (version, step, where the weights came from).
+
+A train.lora run publishes and checkpoints its adapters (stages/lora.py): its export is peft's adapter directory
+(adapter_config.json, adapter_model.safetensors: `PeftModel.from_pretrained(base, dir)` loads it) beside the same
+tokenizer, plan and info files, and, on request (`rlflow export --merged`), the merged model W0 + (alpha / r) B A as
+a plain Hugging Face directory in `merged/`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 from rlflow.plan_model import Plan
 
 WEIGHTS = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file name (train.lora exports)
 INFO = "rlflow_export.json"
 #: files of the source model directory not copied: its weights (replaced) and its config (rewritten)
 SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
@@ -75,6 +81,37 @@ def write(state: dict, model_dir: str | Path, out: str | Path, *, info: dict | N
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def write_lora(state: dict, model_dir: str | Path, out: str | Path, lora: dict, *, merged: bool = False,
+               info: dict | None = None, plan: dict | None = None) -> Path:
+    """Write the LoRA adapter of `state` (its adapter tensors: published, or a whole checkpoint's) at `out` as peft's
+    adapter directory, with the tokenizer and generation files of `model_dir`, `plan` and the info file; merged: also
+    the merged model in `out/merged/` (`write`). Files move in one by one, the adapter weights last."""
+    from rlflow.stages.lora import peft_model
+
+    model_dir, out = Path(model_dir), Path(out)
+    model = peft_model(str(model_dir), lora, state)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(str(tmp))  # adapter_config.json and adapter_model.safetensors
+        for f in sorted(model_dir.iterdir()):
+            if f.is_file() and f.name not in SKIP_NAMES and not f.name.endswith(SKIP_SUFFIXES) and f.name != INFO:
+                shutil.copy2(f, tmp / f.name)
+        if plan is not None:
+            (tmp / "plan.json").write_text(json.dumps(plan, indent=2))
+        (tmp / INFO).write_text(json.dumps({"source_model": str(model_dir), "lora": dict(lora), **(info or {})}, indent=2))
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == ADAPTER_WEIGHTS):
+            if f.is_file():
+                os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if merged:
+        write(model.merge_and_unload().state_dict(), model_dir, out / "merged", info={**(info or {}), "merged_lora": True},
+              plan=plan)
     return out
 
 
@@ -136,6 +173,9 @@ class RunExports:
         state = fetch_state(published)  # the one whole copy of the weights, written out
         info = {"pipeline": self.plan.name, "step": step, "version": published.version,
                 "checksum": published.checksum, "from": "published weights", "run_dir": str(self.root.parent)}
+        lora = self.plan.trainer.trainer_kwargs.get("lora")
+        if lora is not None:  # the published version is the adapter alone
+            return write_lora(state, self.model_dir, out, lora, info=info, plan=self.plan.raw)
         return write(state, self.model_dir, out, info=info, plan=self.plan.raw)
 
     def step(self, step: int, published) -> bool:
