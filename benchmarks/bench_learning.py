@@ -41,9 +41,10 @@ def pipeline_text(name: str, mode: str, sync_redundancy: int = 0) -> str:
     return text
 
 
-def run(name: str, mode: str, args, scratch: Path) -> dict:
-    """One `rlflow run`; returns {wall_s, curve: [(step, seconds since start, accuracy)], summary}."""
-    work = scratch / f"{name}-{mode}"
+def run(name: str, mode: str, args, scratch: Path, label: str | None = None) -> dict:
+    """One `rlflow run` (in scratch/<name>-<label or mode>); returns {wall_s, curve: [(step, seconds since start,
+    accuracy)], summary}. args: sync_redundancy, steps and set (KEY=VALUE overrides for rlflow compile)."""
+    work = scratch / f"{name}-{label or mode}"
     work.mkdir(parents=True)
     (work / "p.yaml").write_text(pipeline_text(name, mode, args.sync_redundancy))
     os.symlink(ROOT / "configs", work / "configs")  # the pipelines' relative paths (configs/deepspeed/...)
@@ -62,7 +63,8 @@ def run(name: str, mode: str, args, scratch: Path) -> dict:
         sys.exit(f"{name}/{mode}: rlflow exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-15:]))
     summary = run_summary(work, f"{name}/{mode}")
     curve = eval_curve(work / "mlflow.db", summary["mlflow_run_id"])
-    print(f"  {name} {mode:>5s}: {wall:5.0f} s, accuracy " + " → ".join(f"{a:.3f}" for _, _, a in curve), flush=True)
+    print(f"  {name} {label or mode:>5s}: {wall:5.0f} s, accuracy " + " → ".join(f"{a:.3f}" for _, _, a in curve),
+          flush=True)
     return {"wall_s": wall, "curve": curve, "summary": summary}
 
 
