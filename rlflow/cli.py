@@ -11,9 +11,10 @@ from typing import Annotated
 import typer
 import typer._click as click  # typer's own copy of click: its exceptions are the ones raised here
 
-from rlflow import __version__, cli_compile, cli_model, cli_run, cli_sim
+from rlflow import cli_compile, cli_model, cli_run, cli_sim
 from rlflow.cli_options import EXIT_BUG, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE
 from rlflow.errors import PipelineInvalid, RunFailed
+from rlflow.version import __version__
 
 app = typer.Typer(name="rlflow", help="Asynchronous RL post-training from a declarative pipeline.", no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})

@@ -17,9 +17,10 @@ Output = Annotated[str | None, typer.Option("-o", "--output", show_default=False
 
 def compile_(pipeline: PipelineFile, bare: Bare = None, output: Output = None, gpus: Gpus = None, sets: Sets = None) -> int:
     """validate a pipeline, write .rlflow/plan.json and a picture, print the summary"""
-    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, summary, write_plan
+    from rlflow import api
+    from rlflow.compiler import DEFAULT_PLAN, summary, write_plan
 
-    plan = compile_pipeline(pipeline, overrides_of(bare, sets), gpus)
+    plan = api.compile(pipeline, overrides_of(bare, sets), gpus=gpus).raw
     if output == "-":  # a pipe: the plan alone on stdout, no file named '-'
         print(summary(plan), file=sys.stderr)
         print(json.dumps(plan, indent=2))
@@ -44,9 +45,9 @@ def show(pipeline: PipelineFile, bare: Bare = None, gpus: Gpus = None, sets: Set
     """print the resolved pipeline as YAML, every default filled in (the plan's `pipeline`); writes nothing"""
     import yaml
 
-    from rlflow.compiler import compile_pipeline
+    from rlflow import api
 
-    plan = compile_pipeline(pipeline, overrides_of(bare, sets), gpus)
+    plan = api.compile(pipeline, overrides_of(bare, sets), gpus=gpus).raw
     print(yaml.safe_dump(plan["pipeline"], sort_keys=False), end="")
     return EXIT_OK
 

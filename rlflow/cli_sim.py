@@ -7,34 +7,14 @@ import json
 import os
 import shlex
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import typer
 
 from rlflow.cli_options import EXIT_OK, Bare, PipelineFile, PlanFile, Sets, overrides_of
 from rlflow.errors import PipelineInvalid
 
-if TYPE_CHECKING:
-    from rlflow.plan_model import Plan
-
 PROFILE_HELP = "cost-model profile JSON (default: the plan's, else StaleFlow Table 4)"
-
-
-def _simulable(plan: Plan) -> None:
-    """A plan the simulator cannot run as declared is refused (exit 2), not simulated otherwise."""
-    from rlflow.errors import Problem
-    from rlflow.sim.from_plan import ONE_STAGE_FIX, ONE_STAGE_RULE, not_simulable
-
-    why = not_simulable(plan)
-    if why:
-        raise PipelineInvalid(plan.source, [Problem(("stages",), why, ONE_STAGE_RULE, ONE_STAGE_FIX)])
-
-
-def _stage_instances(config) -> str:
-    """'4 instances', or per rollout stage: 'gen_arith 1, gen_repeat 1 instance(s)'."""
-    if not config.stages:
-        return f"{config.instances} instances"
-    return ", ".join(f"{s.name} {s.instances}" for s in config.rollouts) + " instance(s)"
 
 
 def simulate(plan: PlanFile = None, bare: Bare = None,
@@ -56,21 +36,17 @@ def simulate(plan: PlanFile = None, bare: Bare = None,
              output: Annotated[str, typer.Option("-o", "--output", help="folder for the report")] = ".rlflow/sim",
              sets: Sets = None) -> int:
     """run the plan in the discrete-event simulator (any scale, seconds)"""
-    from rlflow.compiler import DEFAULT_PLAN, compile_pipeline, gpus_given, read_plan
+    from rlflow import api
+    from rlflow.compiler import DEFAULT_PLAN
     from rlflow.errors import Problem
-    from rlflow.plan_model import Plan
-    from rlflow.sim import SimConfigError, SimulationStalled
-    from rlflow.sim import simulate as run_simulation
-    from rlflow.sim.from_plan import plan_rollouts, sim_config
+    from rlflow.sim.from_plan import plan_rollouts
     from rlflow.sim.report import text_report, write_report
 
     overrides = overrides_of(bare, sets)
     if plan is not None and "=" in plan and not os.path.exists(plan):  # `rlflow simulate k=v`: an override
         plan, overrides = None, [plan, *overrides]
-    typed = read_plan(plan or DEFAULT_PLAN)
-    if overrides:
-        typed = Plan.of(compile_pipeline(typed.source, typed.overrides + overrides, gpus_given(typed)))
-    _simulable(typed)
+    typed = api.as_plan(plan or DEFAULT_PLAN, overrides)
+    api.simulable(typed)
     rollouts = [n for n, _ in plan_rollouts(typed)]
     if instances is not None and len(rollouts) > 1:
         raise PipelineInvalid(typed.source, [Problem(
@@ -79,22 +55,14 @@ def simulate(plan: PlanFile = None, bare: Bare = None,
             f"set each stage's count with --set stages.<name>.replicas=N (e.g. --set stages.{rollouts[0]}.replicas="
             f"{instances}), or leave --instances out for the plan's replicas")])
     scale = scale or []
-    try:
-        points = [tuple(int(x) for x in item.split(":")) for item in scale if item.count(":") == 1
-                  and all(x.strip().isdigit() for x in item.split(":"))]
-        if len(points) != len(scale):
-            raise ValueError(f"--scale: expected STEP:N (two whole numbers), got {', '.join(scale)}")
-        config, notes = sim_config(typed, steps=steps, mode=mode, instances=instances, profile=profile,
-                                   train_tokens_per_s=train_tokens_per_s, prompt_tokens=prompt_tokens, seed=seed,
-                                   scale=tuple(points))
-        for note in notes:
-            print(f"note: {note}")
-        print(f"simulating '{typed.name}': {config.steps} steps, {config.mode} mode, {_stage_instances(config)}, "
-              f"policy {config.policy}" + (f" eta={config.eta}" if config.eta is not None else ""), flush=True)
-        result = run_simulation(config)
-    except (SimConfigError, ValueError, SimulationStalled) as e:
-        raise PipelineInvalid(typed.source, [Problem(("simulate",), str(e), "bad-simulation",
-                                                     "see rlflow simulate --help")]) from None
+    points = [tuple(int(x) for x in item.split(":")) for item in scale if item.count(":") == 1
+              and all(x.strip().isdigit() for x in item.split(":"))]
+    if len(points) != len(scale):
+        raise PipelineInvalid(typed.source, [Problem(("simulate",), f"--scale: expected STEP:N (two whole numbers), got "
+                                                     f"{', '.join(scale)}", "bad-simulation", "see rlflow simulate --help")])
+    options = dict(mode=mode, instances=instances, profile=profile, train_tokens_per_s=train_tokens_per_s,
+                   prompt_tokens=prompt_tokens, seed=seed, scale=tuple(points))
+    result, _ = api.simulate(typed, steps=steps, log=lambda line: print(line, flush=True), **options)  # prints its notes and what it simulates
     for t, after, n, why in result.scale_events:
         print(f"scale at {t:,.1f} s (after step {after}): {n} instance(s); {why}")
     print(text_report(result))
@@ -127,33 +95,24 @@ def tune(pipeline: PipelineFile, bare: Bare = None,
              show_default=False)] = None,
          sets: Sets = None) -> int:
     """recommend the rollout/train GPU split and staleness setting (closed form + simulator)"""
-    from rlflow.compiler import compile_pipeline
+    from rlflow import api
     from rlflow.errors import Problem
-    from rlflow.plan_model import Plan
-    from rlflow.tune import TuneArgError, knob_name
-    from rlflow.tune import tune as search
-    from rlflow.tune_report import choose, overrides, table
+    from rlflow.tune import knob_name
+    from rlflow.tune_report import table
 
     given = overrides_of(bare, sets)
-    plan = Plan.of(compile_pipeline(pipeline, given))
-    _simulable(plan)
     try:
         batches = [int(b) for b in batch_sizes.split(",")] if batch_sizes else None
     except ValueError:
         raise PipelineInvalid(pipeline, [Problem(("--batch-sizes",), f"not comma-separated integers: {batch_sizes!r}",
                                                  "bad-tune", "e.g. --batch-sizes 64,128,256")]) from None
-    try:
-        candidates, notes = search(plan, gpus=gpus, steps=steps, profile=profile, per_instance=gpus_per_instance,
-                                   train_tokens_per_gpu=train_tokens_per_gpu, screen_steps=screen_steps,
-                                   jobs=jobs or os.cpu_count() or 1, batch_sizes=batches)
-    except TuneArgError as e:
-        raise PipelineInvalid(pipeline, [Problem((e.option,), str(e), "bad-tune", "see rlflow tune --help")]) from None
-    except ValueError as e:  # the simulator's (SimConfigError: e.g. lengths that cannot fit the KV budget)
-        raise PipelineInvalid(pipeline, [Problem(("tune",), str(e), "bad-simulation", "see rlflow tune --help")]) from None
+    advice = api.tune(pipeline, gpus=gpus, overrides=given, steps=steps, profile=profile, per_instance=gpus_per_instance,
+                      train_tokens_per_gpu=train_tokens_per_gpu, screen_steps=screen_steps,
+                      jobs=jobs or os.cpu_count() or 1, batch_sizes=batches)
+    plan, candidates, best, notes = advice.plan, advice.candidates, advice.best, advice.notes
     for note in notes:
         print(f"note: {note}")
     print("\n".join(table(candidates, knob_name(plan.staleness.kind))))
-    best = choose(candidates)
     shipped = next((c for c in candidates if c.shipped and c.result), None)
     print(f"\nrecommended: {best.rollout_gpus} rollout GPUs"
           + (f" ({' + '.join(str(k * best.rollout_gpus // best.instances) for k in best.stages)} per rollout stage)"
@@ -166,7 +125,7 @@ def tune(pipeline: PipelineFile, bare: Bare = None,
         print(f"note: the recommendation changes the batch from {plan.staleness.batch_size} to "
               f"{best.batch} groups per step: each sample gets a different share of the updates, which the simulator "
               "does not judge; check learning before keeping it")
-    line = " ".join(f"--set {o}" for o in [*given, *overrides(plan, best)])
+    line = " ".join(f"--set {o}" for o in advice.overrides)
     print(f"rlflow compile {pipeline} {line}")
     return EXIT_OK
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import networkx as nx
 
-from rlflow import __version__
 from rlflow.devices import vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
 from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
+from rlflow.version import __version__
 
 PLAN_VERSION = 2
 
