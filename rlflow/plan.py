@@ -122,6 +122,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
         if s.max_turn_tokens is not None:
             engine_kwargs["max_turn_tokens"] = s.max_turn_tokens
         engine_kwargs |= vllm_settings(spec, name)  # from the stage's GPUs (rlflow/devices.py); nothing for hf
+        engine_kwargs |= lora_kwargs(spec)  # train.lora: the engine injects the adapters it is sent
         for r in range(s.replicas):
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
@@ -139,6 +140,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                           # the behaviour log-probs are recomputed at the rollouts' one temperature (rule temperatures-differ)
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
         trainer_kwargs |= _algorithm_kwargs(spec, s, rollouts)
+        trainer_kwargs |= lora_kwargs(spec)
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,
                        "deepspeed": str(ds) if ds else s.deepspeed, "trainer_kwargs": trainer_kwargs,
                        "steps": s.steps, "checkpoint_every": s.checkpoint_every, "keep_checkpoints": s.keep_checkpoints,
@@ -175,6 +177,13 @@ def _algorithm_kwargs(spec: Pipeline, s, rollouts: list[str]) -> dict:
     return out
 
 
+def lora_kwargs(spec: Pipeline) -> dict:
+    """{"lora": train.lora} for the trainer and every engine when the train stage trains LoRA adapters (stages/lora.py),
+    else nothing (plans without LoRA stay as they were)."""
+    lora = next((spec.stages[n].lora for n in stages_of(spec, "train")), None)
+    return {"lora": lora.model_dump()} if lora is not None else {}
+
+
 def weight_transport(spec: Pipeline) -> dict:
     """How versions leave the trainer (rlflow/runtime/parameter_server.py): the weight_sync edges' transport (they agree:
     rule weight-transports-differ) resolved, and the bucket size. auto is the object store: measured on one node
@@ -209,6 +218,7 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
     if first.max_turn_tokens is not None:
         engine_kwargs["max_turn_tokens"] = first.max_turn_tokens
     engine_kwargs |= vllm_settings(spec, rollouts[0])  # its GPUs are the first rollout stage's
+    engine_kwargs |= lora_kwargs(spec)
     return {**_episode(first), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
             "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
             "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,

@@ -354,6 +354,24 @@ class OverlongShaping(Strict):
     """The penalty at max_tokens, relative to a reward of 1."""
 
 
+class LoraSpec(Strict):
+    """LoRA (train.lora; Hu et al. 2021, §4.1): W0 stays frozen and a low-rank update (alpha / rank) B A is trained
+    in each targeted linear layer; only A and B are trained and published, so a version carries megabytes, not the
+    model (docs/guides/lora.md)."""
+
+    rank: PositiveInt = 8
+    """r, the rank of the update B A (B: d_out x r, A: r x d_in): adapter bytes grow linearly with it."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """The update is scaled by alpha / rank (LoRA §4.1), so a change of rank needs no change of lr."""
+    target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names (suffixes) of the linear layers that get an adapter; the default, every attention projection of a
+    Llama-style model (LoRA §7.1 adapts the attention weights)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input in the trainer's forward (the engines sample without it, so its noise also
+    enters the importance weights; 0 keeps every log-prob exact)."""
+
+
 class TrainStage(Strict):
     """Updates the policy from consumed batches (GRPO and its family on DeepSpeed)."""
 
@@ -443,6 +461,10 @@ class TrainStage(Strict):
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them: activation memory of about
     one layer instead of all of them, for about a third more compute per step."""
+    lora: LoraSpec | None = None
+    """Train LoRA adapters instead of the whole model, e.g. `{rank: 8}`: only the adapters are trained, published to
+    the rollout engines (which apply them in place, never reloading the base) and exported (rlflow export: the adapter;
+    --merged: also the merged model). Needs engine hf and ZeRO 0-2 (null: full fine-tuning)."""
     save_every: NonNegInt = 0
     """Also export the policy as a Hugging Face directory every N steps, into `<run dir>/export/step-<N>/` (0: only the
     export at the end of the run, and on Ctrl-C, into `<run dir>/export/`)."""

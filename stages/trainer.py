@@ -205,6 +205,7 @@ class DeepSpeedTrainer:
         kl_estimator: kl.KlEstimator | None = None,
         max_new_tokens: int | None = None,
         overlong: dict | None = None,
+        lora: dict | None = None,
     ):
         """packing: each micro-batch's trajectories in one row without padding (stages/packing.py), checked on this
         model at start; micro_batch_tokens: with packing, at most this many tokens per micro-batch (None: as many
@@ -215,7 +216,8 @@ class DeepSpeedTrainer:
         cispo: clip_low / clip_high, which replace the PPO ones; reinforce_pp: kl_in_reward); entropy_coef: weight
         of the entropy bonus; kl_estimator: k1 / k2 / k3 (None: k1 folded into the reward, k3 as a loss term);
         max_new_tokens: the generation budget, L of loss_agg seq-mean-token-sum-norm; overlong: keyword arguments of
-        reward_shaping.overlong_penalty (None: no shaping)."""
+        reward_shaping.overlong_penalty (None: no shaping). lora: train.lora ({rank, alpha, target_modules, dropout}):
+        only the adapters are trained and published (stages/lora.py; None: the whole model)."""
         import deepspeed
 
         loss_agg_mode = loss_agg_mode_of(loss_agg, max_new_tokens)
@@ -266,6 +268,9 @@ class DeepSpeedTrainer:
         self.micro_batch_size = int(cfg["train_micro_batch_size_per_gpu"])
         zero3 = cfg.get("zero_optimization", {}).get("stage", 0) == 3
 
+        if lora is not None and zero3:
+            raise ValueError("train.lora runs under ZeRO 0-2 (the adapters are small and the base is frozen); "
+                             "use configs/deepspeed/zero1.json")
         model = _load_model(model_dir, cfg if zero3 else None)
         model.config.use_cache = False
         if pad_token_id is None:
@@ -278,9 +283,17 @@ class DeepSpeedTrainer:
             ref.eval().requires_grad_(False)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        self.lora = lora
+        if lora is not None:  # after the reference copy: the reference is the base model
+            from rlflow.stages import lora as lora_adapters
+
+            lora_adapters.inject(model, lora)
+        trained = [p for p in model.parameters() if p.requires_grad]  # the optimizer sees only these (LoRA: adapters)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=cfg)
         # Dropout off for good: the ratio and importance weights compare log-probs of the same weights.
         self.engine.eval()
+        if lora is not None:
+            lora_adapters.dropout_on(self.engine.module)  # train.lora.dropout, LoRA's own regulariser (0: none)
         if gradient_checkpointing:
             _checkpoint_layers_in_eval(self.engine.module)
         self.ref_model = None
@@ -515,11 +528,18 @@ class DeepSpeedTrainer:
         """The weights as (layout, tensors) a bucket at a time, as the engine holds them (device, training dtype:
         no conversion, no whole-model copy); under ZeRO-3 each bucket is gathered in turn and every rank must
         iterate in step. The tensors are valid until the next bucket is asked for."""
-        return module_buckets(self.engine.module, bucket_bytes, gather=self.gathers_to_publish)
+        return module_buckets(self.engine.module, bucket_bytes, gather=self.gathers_to_publish, keep=self._published)
 
     def weight_layouts(self, bucket_bytes: int = BUCKET_BYTES):
         """The buckets `weight_buckets` will yield, known before any is gathered (a receiver allocates from them)."""
-        return module_layouts(self.engine.module, bucket_bytes)
+        return module_layouts(self.engine.module, bucket_bytes, keep=self._published)
+
+    @property
+    def _published(self):
+        """Which tensors a version carries: with LoRA the adapters alone (the base never changes), else all."""
+        from rlflow.stages.lora import is_adapter
+
+        return is_adapter if self.lora is not None else None
 
     @property
     def gathers_to_publish(self) -> bool:
