@@ -77,3 +77,16 @@ def test_a_lora_run_publishes_only_the_adapters_and_exports_them(ray_cluster, wo
         exported = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                                              str(out)).eval()(input_ids=ids).logits
     assert torch.allclose(adapted, merged, atol=1e-4) and torch.allclose(adapted, exported, atol=1e-4)
+
+
+@pytest.mark.slow  # the trainer's checkpoint of adapters and their optimizer state: tests/unit/stages/test_lora.py
+def test_a_lora_run_resumes_from_its_checkpoint(ray_cluster, workdir):
+    base = [*LORA, "stages.train.checkpoint_every=1"]
+    first = run_plan(plan_for("quickstart", *base, "stages.train.steps=1"))
+    assert [h["step"] for h in first.history] == [1]
+    said: list[str] = []
+    second = run_plan(plan_for("quickstart", *base, "stages.train.steps=2"), resume=True,
+                      log=lambda *a, **k: said.append(" ".join(map(str, a))))
+    assert any(m.startswith("resuming at step 1") for m in said), said
+    assert [h["step"] for h in second.history] == [1, 2]  # the engines loaded each published adapter (checked)
+    assert all(".lora_" in n for layout in second.weights.ref.layouts for n in layout.names)
