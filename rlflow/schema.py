@@ -301,12 +301,12 @@ class BufferStage(Strict):
 
 
 #: the algorithms train.algo names (docs/guides/algorithms.md)
-Algo = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo"]
+Algo = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "ppo"]
 #: loss aggregation modes (stages/loss_agg.py); token and sequence are the older spellings of the first two
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token", "sequence"]
 #: each algorithm's loss aggregation when train.loss_agg is unset (grpo's in its older spelling: plans stay as they were)
 ALGO_LOSS_AGG = {"grpo": "token", "dr_grpo": "seq-mean-token-sum-norm", "rloo": "token-mean",
-                 "reinforce_pp": "token-mean", "gspo": "seq-mean-token-mean", "cispo": "token-mean"}
+                 "reinforce_pp": "token-mean", "gspo": "seq-mean-token-mean", "cispo": "token-mean", "ppo": "token-mean"}
 #: aggregations that divide a sequence's loss by its length, which Dr.GRPO removes
 LENGTH_NORMALISED = ("token-mean", "seq-mean-token-mean", "token", "sequence")
 
@@ -339,6 +339,32 @@ class ReinforcePPOptions(Strict):
     """With kl_coef > 0: fold the KL to the reference into each token's reward, -kl_coef * KL_t, summed into the
     returns before the batch normalisation (the paper's choice; kl_estimator defaults to k1 then); false: add it to
     the loss as the other algorithms do."""
+
+
+class PpoOptions(Strict):
+    """PPO's options (train.ppo, with algo ppo): a learned critic, trained as its own DeepSpeed engine on the trainer's
+    ranks, and GAE advantages from its values (stages/critic.py, stages/advantages.py gae)."""
+
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """GAE's discount per token (Schulman et al., arXiv:1506.02438 eq. 16); 1: none, as usual for LLMs."""
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """GAE's lambda: 1 gives the Monte Carlo return minus the value (no bias, most variance), 0 the one-step TD error."""
+    value_clip: Annotated[float, Field(gt=0)] | None = 0.2
+    """PPO value clipping: the critic's loss is max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) / 2 (the PPO
+    paper's code; "The 37 Implementation Details of PPO", detail 9); null: the plain squared error. V_old are the
+    values at the step's start, so it bites from the second of critic_epochs on."""
+    critic_lr: Annotated[float, Field(gt=0)] | None = None
+    """The critic's learning rate (its own AdamW, from the DeepSpeed config). Unset: the train stage's lr."""
+    critic_epochs: PositiveInt = 1
+    """The critic's optimizer steps on each batch (against the same returns; the policy takes one)."""
+    critic_warmup_steps: NonNegInt = 0
+    """The first N steps train the critic only: the policy's update is held, so its first advantages come from a
+    critic that has seen some returns. Below train.steps."""
+    critic_model: str | None = None
+    """The critic's model: a Hugging Face directory of a causal LM (its lm_head dropped, a value head added). Unset: the
+    policy's model, so the critic starts from the policy's weights (a value head on the policy's architecture)."""
+    normalize_advantages: bool = True
+    """Whiten the GAE advantages over every token of the batch (on all ranks), as PPO implementations do."""
 
 
 class OverlongShaping(Strict):
@@ -383,7 +409,8 @@ class TrainStage(Strict):
     PPO-clip. reinforce_pp: REINFORCE++, the raw reward with the KL folded into each token's reward, normalised over
     the whole batch, PPO-clip. gspo: GRPO advantages, a sequence-level length-normalised ratio (options in `gspo`),
     seq-mean-token-mean. cispo: GRPO advantages, a clipped stop-gradient importance weight times log pi (options in
-    `cispo`). The off_policy correction applies to every one."""
+    `cispo`). ppo: GAE advantages from a learned critic trained beside the policy (options in `ppo`), PPO-clip,
+    token-mean. The off_policy correction applies to every one."""
     backend: Literal["deepspeed"] = "deepspeed"
     """Training backend."""
     deepspeed: str = "configs/deepspeed/zero1.json"
@@ -426,6 +453,9 @@ class TrainStage(Strict):
     """Options of algo cispo (filled with their defaults when algo is cispo)."""
     reinforce_pp: ReinforcePPOptions | None = None
     """Options of algo reinforce_pp (filled with their defaults when algo is reinforce_pp)."""
+    ppo: PpoOptions | None = None
+    """Options of algo ppo: GAE, the critic's value clipping, learning rate and model (filled with their defaults when
+    algo is ppo)."""
     off_policy: Literal["decoupled", "tis_token", "tis_sequence", "mis_token", "mis_sequence", "icepop"] = "decoupled"
     """Correction for tokens sampled by other weights or numerics than the trainer's (stale data; the rollout engine's
     own kernels), by rho_t = pi_old/pi_behaviour per token (pi_old: the trainer at the step's start; pi_behaviour:
@@ -533,7 +563,7 @@ class TrainStage(Strict):
                                       "loss_agg unset) or seq-mean-token-sum", {"value": value})
         return value
 
-    @field_validator("gspo", "cispo", "reinforce_pp")
+    @field_validator("gspo", "cispo", "reinforce_pp", "ppo")
     @classmethod
     def _options_of_the_algo(cls, value, info: ValidationInfo):
         """A block for an algorithm that is not the one chosen would be silently ignored."""
@@ -551,13 +581,18 @@ class TrainStage(Strict):
             self.loss_agg = ALGO_LOSS_AGG[self.algo]
         if self.algo in ALGO_BLOCKS and getattr(self, self.algo) is None:
             setattr(self, self.algo, ALGO_BLOCKS[self.algo]())
+        if self.ppo is not None and self.ppo.critic_warmup_steps >= self.steps:
+            raise PydanticCustomError("critic_warmup_beyond_steps", "ppo.critic_warmup_steps {warmup} holds the policy "
+                                      "for every one of the {steps} steps, so it would never train; lower it below "
+                                      "steps", {"warmup": self.ppo.critic_warmup_steps, "steps": self.steps})
         return self
 
 
 #: the algorithms that clip something else than the PPO ratio (with clip_low / clip_high of their own blocks)
 OWN_CLIP = ("gspo", "cispo")
 #: the algorithms with an options block of their own, by name (the block's field has the algorithm's name)
-ALGO_BLOCKS: dict[str, type[Strict]] = {"gspo": GspoOptions, "cispo": CispoOptions, "reinforce_pp": ReinforcePPOptions}
+ALGO_BLOCKS: dict[str, type[Strict]] = {"gspo": GspoOptions, "cispo": CispoOptions, "reinforce_pp": ReinforcePPOptions,
+                                        "ppo": PpoOptions}
 #: which off_policy options read which TrainStage parameter
 OFF_POLICY_PARAMS = {"max_importance_ratio": ("decoupled",), "tis_cap": ("tis_token", "tis_sequence"),
                      "mask_low": ("mis_token", "mis_sequence", "icepop"), "mask_high": ("mis_token", "mis_sequence", "icepop")}

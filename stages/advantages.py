@@ -5,9 +5,8 @@ Two shapes of estimator, run at two places:
                   before it is sharded (stages/batch_shards.py): `ESTIMATORS` (grpo, dr_grpo, rloo).
   token-level     [B, T] per-token returns -> [B, T] advantages, in the trainer after its forward passes, because
                   they need per-token quantities of the batch: REINFORCE++ (`token_returns` with the KL folded into
-                  the per-token reward, then `whiten` over every token of the batch). GAE with a learned critic joins
-                  here: it takes the same per-token rewards plus the critic's [B, T] values and returns [B, T]
-                  advantages, whitened the same way.
+                  the per-token reward, then `whiten` over every token of the batch); PPO (`gae` on the per-token
+                  rewards of `last_token_rewards` plus the KL, with the critic's [B, T] values: stages/critic.py).
 Rewards of one group share a prompt; groups may be short of a failed member (each is normalised on its own).
 """
 
@@ -57,7 +56,8 @@ def reinforce_pp(rewards: Tensor, group_ids: Sequence) -> Tensor:
 
 
 #: sequence-level estimators by algorithm (the trainer's `algo`)
-ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gspo": grpo, "cispo": grpo}
+ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "gspo": grpo, "cispo": grpo,
+              "ppo": reinforce_pp}  # ppo: the raw reward, which the critic's GAE turns into advantages
 #: algorithms whose advantages are finished per token in the trainer (`token_returns`, `whiten`)
 TOKEN_LEVEL = ("reinforce_pp",)
 
@@ -100,3 +100,45 @@ def whiten(values: Tensor, mask: Tensor, totals: Tensor, eps: float = 1e-8) -> T
     mean = totals[0] / count
     var = (totals[1] / count - mean * mean).clamp(min=0.0)
     return (values.to(torch.float32) - mean) / (var.sqrt() + eps) * mask.to(torch.float32)
+
+
+def last_token_rewards(rewards: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+    """[B, T] token-level rewards: each sequence's reward on its last trained token, 0 elsewhere (the outcome reward
+    of an episode that ends there). rewards: [B] one per row, or [B, T] each sequence's on its positions (packed)."""
+    mask = mask.to(torch.float32)
+    base = rewards.to(torch.float32)
+    if base.dim() == 1:
+        base = base.unsqueeze(-1).expand_as(mask)
+    seg = segments if segments is not None else torch.zeros_like(mask, dtype=torch.long)
+    position = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    trained_at = torch.where(mask > 0, position, torch.full_like(position, -1))
+    last = torch.full((mask.shape[0], int(seg.max()) + 1), -1, dtype=torch.long, device=mask.device)
+    last = last.scatter_reduce(1, seg, trained_at, reduce="amax")  # each sequence's last trained position
+    return base * ((position == last.gather(1, seg)) & (mask > 0))
+
+
+def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float,
+        segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al., "High-Dimensional Continuous Control Using Generalized
+    Advantage Estimation", arXiv:1506.02438 eq. 16): A_t = sum_l (gamma lam)^l delta_{t+l}, with the TD error
+    delta_t = r_t + gamma V_{t+1} - V_t, computed backwards as A_t = delta_t + gamma lam A_{t+1}.
+
+    [B, T] in, ([B, T] advantages, [B, T] returns A_t + V_t) out, 0 off the mask. The steps are a sequence's trained
+    tokens (mask 1) in order: masked positions between them (an environment's turn) are skipped, and after a
+    sequence's last one V = 0 (the episode ends). `segments` [B, T] for packed rows: GAE restarts per sequence."""
+    mask = mask.to(torch.float32)
+    rewards, values = token_rewards.to(torch.float32) * mask, values.to(torch.float32) * mask
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])  # V of the next trained token of the same sequence
+    next_advantage = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[-1])):
+        if segments is not None and t + 1 < values.shape[-1]:  # a new sequence starts after t: nothing carries over
+            same = (segments[:, t] == segments[:, t + 1]).to(torch.float32)
+            next_value, next_advantage = next_value * same, next_advantage * same
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        here = delta + gamma * lam * next_advantage
+        advantages[:, t] = here * m
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        next_advantage = torch.where(m > 0, here, next_advantage)
+    return advantages, (advantages + values) * mask

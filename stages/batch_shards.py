@@ -102,7 +102,8 @@ def shard_batch(
 
 #: metrics that add up over ranks (each rank's value is its part of a whole-batch sum or mean)
 SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "importance_weight_mean",
-          "importance_weight_used_mean", "importance_truncated_frac", "importance_masked_frac", "tokens")
+          "importance_weight_used_mean", "importance_truncated_frac", "importance_masked_frac", "tokens",
+          "critic_loss", "value_mean", "value_clip_frac")  # the last three: algo ppo's critic (stages/critic.py)
 
 
 def merge_rank_metrics(per_rank: list[dict]) -> dict:
@@ -110,7 +111,8 @@ def merge_rank_metrics(per_rank: list[dict]) -> dict:
     (grad_norm is global after the all-reduce; reward_mean and version are the same on every rank)."""
     merged = dict(per_rank[0])
     for key in SUMMED:
-        merged[key] = sum(m[key] for m in per_rank)
+        if key in merged:
+            merged[key] = sum(m[key] for m in per_rank)
     merged["importance_weight_max"] = max(m["importance_weight_max"] for m in per_rank)
     merged["step_time_s"] = max(m["step_time_s"] for m in per_rank)
     tokens = [m["tokens"] for m in per_rank]

@@ -103,7 +103,7 @@ def cispo(
 
 #: the policy loss of each algorithm (the trainer's `algo`)
 POLICY_LOSSES = {"grpo": ppo_clip, "dr_grpo": ppo_clip, "rloo": ppo_clip, "reinforce_pp": ppo_clip, "gspo": gspo,
-                 "cispo": cispo}
+                 "cispo": cispo, "ppo": ppo_clip}
 
 
 def entropy_bonus(

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.stages import advantages, grpo, kl, loss_agg, packing, policy_losses
+from rlflow.stages import advantages, critic, grpo, kl, loss_agg, packing, policy_losses
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.logprobs import TokenLogprobs, supports
 from rlflow.stages.trajectory import Trajectory
@@ -213,7 +213,7 @@ class DeepSpeedTrainer:
         activations in backward. logit_chunk_tokens: positions per lm_head chunk (None: stages/logprobs.py's size;
         0: no chunks, the full logits).
         algo: the algorithm (stages/policy_losses.py POLICY_LOSSES), algo_options its block of the train stage (gspo,
-        cispo: clip_low / clip_high, which replace the PPO ones; reinforce_pp: kl_in_reward); entropy_coef: weight
+        cispo: clip_low / clip_high, which replace the PPO ones; reinforce_pp: kl_in_reward; ppo: critic.OPTIONS); entropy_coef: weight
         of the entropy bonus; kl_estimator: k1 / k2 / k3 (None: k1 folded into the reward, k3 as a loss term);
         max_new_tokens: the generation budget, L of loss_agg seq-mean-token-sum-norm; overlong: keyword arguments of
         reward_shaping.overlong_penalty (None: no shaping). lora: train.lora ({rank, alpha, target_modules, dropout}):
@@ -236,9 +236,11 @@ class DeepSpeedTrainer:
         self.algo, self.entropy_coef, self.overlong = algo, entropy_coef, overlong
         self.max_tokens = max_new_tokens if loss_agg_mode == "seq-mean-token-sum-norm" else None
         options = dict(algo_options or {})
+        #: PPO's critic and GAE options (stages/critic.py), not the policy loss's
+        ppo = {k: options.pop(k) for k in critic.OPTIONS if k in options} if algo == "ppo" else None
         #: REINFORCE++ folds the KL into the per-token reward (then it is no loss term)
         kl_in_reward = options.pop("kl_in_reward", True)
-        self.kl_in_reward = algo in advantages.TOKEN_LEVEL and kl_coef > 0 and kl_in_reward
+        self.kl_in_reward = (algo in advantages.TOKEN_LEVEL or algo == "ppo") and kl_coef > 0 and kl_in_reward
         self.kl_estimator = kl_estimator or ("k1" if self.kl_in_reward else "k3")
         self._policy_loss = policy_losses.POLICY_LOSSES[algo]
         clip = {} if algo in ("gspo", "cispo") else {"clip_low": clip_low, "clip_high": clip_high}  # theirs: options
@@ -307,6 +309,14 @@ class DeepSpeedTrainer:
         self._logprobs = TokenLogprobs(model, logit_chunk_tokens) if chunked else None
         self._ref_logprobs = TokenLogprobs(ref, logit_chunk_tokens) if chunked and ref is not None else None
         self._check_forward(dtype)
+        self.critic = None
+        if ppo is not None:  # PPO's critic: its own engine and optimizer on these ranks (stages/critic.py)
+            value_lm = _load_model(ppo.pop("critic_model", None) or model_dir, cfg if zero3 else None)
+            if gradient_checkpointing:
+                value_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.critic = critic.Critic(value_lm, cfg, lr, **ppo)
+            if gradient_checkpointing:
+                _checkpoint_layers_in_eval(self.critic.engine.module)
 
     # ------------------------------------------------------------------ batching
 
@@ -436,6 +446,10 @@ class DeepSpeedTrainer:
                                                        attention_mask=mb.attention_mask, position_ids=mb.position_ids)
         if self.algo in advantages.TOKEN_LEVEL:
             self._token_advantages(batches, shard.world_size)
+        if self.critic is not None:  # GAE on the critic's values, the KL to the reference in the per-token reward
+            kl_rewards = [kl.kl_reward(mb.behaviour_logprobs, mb.ref_logprobs.float(), mb.mask, self.kl_coef,
+                                       self.kl_estimator) if self.kl_in_reward else None for mb in batches]
+            value_targets = self.critic.advantages(batches, kl_rewards, shard.world_size)
 
         token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
                        "importance_truncated_frac", "importance_masked_frac")
@@ -483,12 +497,14 @@ class DeepSpeedTrainer:
             for group in self.engine.optimizer.param_groups:
                 group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
         lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
-        with _held(self.engine.optimizer) if held else contextlib.nullcontext():
+        frozen = self.critic is not None and self.version < self.critic.warmup_steps  # ppo.critic_warmup_steps
+        with _held(self.engine.optimizer) if held or frozen else contextlib.nullcontext():
             self.engine.step()  # its bookkeeping (step count, zeroed gradients) runs either way
         self.version += 1
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()  # ZeRO 1-3 optimizers record the pre-clip norm
         applied = not held and self.engine.was_step_applied()
+        critic_metrics = self.critic.train(batches, value_targets, num_tokens, shard.world_size, _held) if self.critic else {}
         return {
             **sums,
             # "": finite; "skipped": a non-finite loss or gradient, not applied (the weights are as before);
@@ -502,6 +518,7 @@ class DeepSpeedTrainer:
             "step_time_s": time.perf_counter() - t0,
             "version": self.version,
             "lr": lr,
+            **critic_metrics,
         }
 
     def _weights_finite(self) -> bool:
@@ -567,6 +584,8 @@ class DeepSpeedTrainer:
             self.engine.save_checkpoint(dir, tag=tag, client_state=state, save_latest=tag is None)
         finally:
             engine.save = save_file
+        if self.critic is not None:
+            self.critic.save(dir, tag)
         return self.counters()
 
     def load_checkpoint(self, dir: str, tag: str | None = None) -> dict[str, Any]:
@@ -580,6 +599,8 @@ class DeepSpeedTrainer:
         if ours is None:
             raise ValueError(f"{path}: a DeepSpeed checkpoint not written by DeepSpeedTrainer.save_checkpoint")
         self.version = int(ours["version"])
+        if self.critic is not None:
+            self.critic.load(dir, tag)
         return ours["client"]
 
     def counters(self) -> dict[str, int]:
@@ -592,6 +613,7 @@ class DeepSpeedTrainer:
         self.engine = None
         self.ref_model = None
         self._logprobs = self._ref_logprobs = None
+        self.critic = None
 
 
 @contextlib.contextmanager

@@ -44,6 +44,12 @@ NAMES: dict[str, str | None] = {
     "importance_weight_used_mean": "train/policy/importance_weight_used_mean",
     "importance_truncated_frac": "train/policy/importance_truncated_frac",
     "importance_masked_frac": "train/policy/importance_masked_frac",
+    # algo ppo's critic (stages/critic.py)
+    "critic_loss": "train/critic/loss",
+    "value_mean": "train/critic/value_mean",
+    "value_clip_frac": "train/critic/value_clip_frac",
+    "explained_variance": "train/critic/explained_variance",
+    "critic_grad_norm": "train/critic/grad_norm",
     # rollout/: what the engines produced and how busy they were
     "trajectories_per_s": "rollout/trajectories_per_s",
     "scored": "rollout/scored",

@@ -28,6 +28,9 @@ def test_grpo_plans_carry_no_new_keys():
     ("reinforce_pp", "token-mean", {"algo_options": {"kl_in_reward": True}}),
     ("gspo", "seq-mean-token-mean", {"algo_options": {"clip_low": 3e-4, "clip_high": 4e-4}}),
     ("cispo", "token-mean", {"algo_options": {"clip_low": None, "clip_high": 4.0}}),
+    ("ppo", "token-mean", {"algo_options": {"gamma": 1.0, "lam": 0.95, "value_clip": 0.2, "critic_lr": None,
+                                            "critic_epochs": 1, "critic_warmup_steps": 0, "critic_model": None,
+                                            "normalize_advantages": True}}),
 ])
 def test_each_algorithm_reaches_the_trainer_with_its_defaults(algo, loss_agg, extra):
     kwargs, spec = trainer_kwargs(f"stages.train.algo={algo}")
@@ -46,8 +49,16 @@ def test_shared_options_reach_the_trainer():
 def test_the_schema_lists_the_algorithms_and_documents_their_options():
     defs = Pipeline.model_json_schema()["$defs"]
     train = defs["TrainStage"]["properties"]
-    assert set(train["algo"]["enum"]) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo"}
-    for block in ("GspoOptions", "CispoOptions", "ReinforcePPOptions", "OverlongShaping"):
+    assert set(train["algo"]["enum"]) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "ppo"}
+    for block in ("GspoOptions", "CispoOptions", "ReinforcePPOptions", "PpoOptions", "OverlongShaping"):
         assert all(field.get("description") for field in defs[block]["properties"].values()), block
-    for field in ("loss_agg", "kl_estimator", "entropy_coef", "overlong", "gspo", "cispo", "reinforce_pp"):
+    for field in ("loss_agg", "kl_estimator", "entropy_coef", "overlong", "gspo", "cispo", "reinforce_pp", "ppo"):
         assert train[field].get("description"), field
+
+
+def test_a_separate_critic_model_is_found_like_the_pipeline_files(tmp_path):
+    critic = tmp_path / "critic-model"
+    critic.mkdir()
+    kwargs, _ = trainer_kwargs("stages.train.algo=ppo", f"stages.train.ppo.critic_model={critic}",
+                               "stages.train.ppo.critic_lr=1e-5")
+    assert kwargs["algo_options"]["critic_model"] == str(critic) and kwargs["algo_options"]["critic_lr"] == 1e-5

@@ -104,16 +104,33 @@ def test_two_ranks_make_the_same_update_as_one(stage, batch, ray_cluster, tmp_pa
 def test_reinforce_pp_whitens_over_both_ranks_tokens(batch, ray_cluster):
     """REINFORCE++'s advantages are per-token returns (the KL folded in) whitened over the whole batch: the ranks
     add their moments, so two ranks make one rank's update."""
-    model_dir, trajs = batch
     kwargs = {**KWARGS, "algo": "reinforce_pp", "kl_coef": 0.05, "loss_agg": "token-mean"}
-    before1, after1, m1 = train_once(ray_cluster, model_dir, trajs, 1, 1, kwargs=kwargs)
-    before2, after2, m2 = train_once(ray_cluster, model_dir, trajs, 2, 1, kwargs=kwargs)
+    two_ranks_as_one(ray_cluster, batch, kwargs, ("loss", "pg_loss", "kl", "grad_norm"))
+
+
+def two_ranks_as_one(ray, batch, kwargs, keys) -> dict:
+    """One step with `kwargs` on one rank and on two, ZeRO-1: the same update and the same metrics `keys`; returns
+    the one rank's metrics."""
+    model_dir, trajs = batch
+    before1, after1, m1 = train_once(ray, model_dir, trajs, 1, 1, kwargs=kwargs)
+    before2, after2, m2 = train_once(ray, model_dir, trajs, 2, 1, kwargs=kwargs)
     assert m2["ranks"] == 2
     for name in before1:
         np.testing.assert_allclose(after2[name] - before2[name], after1[name] - before1[name], rtol=1e-3, atol=1e-7,
                                    err_msg=name)
-    for key in ("loss", "pg_loss", "kl", "grad_norm"):
+    for key in keys:
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
+    return m1
+
+
+def test_ppo_critic_averages_over_both_ranks(batch, ray_cluster):
+    """PPO's GAE advantages are whitened over both ranks' tokens and its critic's gradients average like the
+    policy's: two ranks make one rank's policy update and the same critic steps (critic_epochs 2: the second
+    epoch's gradient norm is taken after the first epoch's update)."""
+    kwargs = {**KWARGS, "algo": "ppo", "loss_agg": "token-mean", "algo_options": {"critic_epochs": 2, "critic_lr": 0.01}}
+    m1 = two_ranks_as_one(ray_cluster, batch, kwargs, ("loss", "pg_loss", "grad_norm", "critic_loss", "value_mean",
+                                                       "value_clip_frac", "critic_grad_norm"))
+    assert m1["critic_grad_norm"] > 0
 
 
 @pytest.mark.slow  # the ranks' equivalence and checkpoint test above covers the trainer; this is the plan's wiring

@@ -70,5 +70,5 @@ def test_whitening_uses_every_token_of_the_batch():
 
 
 def test_every_algorithm_has_an_estimator():
-    assert set(advantages.ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo"}
+    assert set(advantages.ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "ppo"}
     assert advantages.reinforce_pp(REWARDS, GROUPS).tolist() == pytest.approx(REWARDS.tolist())

@@ -26,7 +26,9 @@ def batch(tiny_llama_dir):
     dict(algo="cispo", loss_agg="token-mean", algo_options={"clip_low": None, "clip_high": 4.0}, packing=True),
     dict(algo="grpo", loss_agg="token", entropy_coef=0.01, kl_coef=0.05, kl_estimator="k2",
          overlong={"max_tokens": 10, "cache_tokens": 4, "penalty_factor": 1.0}),
-], ids=["dr_grpo", "rloo", "reinforce_pp", "reinforce_pp-kl-loss-packed", "gspo", "cispo-packed", "grpo-entropy-overlong"])
+    dict(algo="ppo", loss_agg="token-mean", kl_coef=0.05, packing=True, algo_options={"critic_lr": 1e-3}),  # KL in the reward
+], ids=["dr_grpo", "rloo", "reinforce_pp", "reinforce_pp-kl-loss-packed", "gspo", "cispo-packed", "grpo-entropy-overlong",
+        "ppo-kl-packed"])
 def test_one_step_runs_and_moves_the_weights(tiny_llama_dir, batch, kw):
     from trainer_batches import GROUP
 
