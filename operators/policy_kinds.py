@@ -37,12 +37,17 @@ def make_policy(
     batch_size: int,
     eta: int | None = None,
     capacity: int | None = None,
-    batch_redundancy: int = 0,
+    batch_redundancy: int | str = 0,
 ) -> StalenessPolicy:
-    """Build the staleness policy registered as `kind`; raises ValueError naming what is wrong."""
+    """Build the staleness policy registered as `kind`; raises ValueError naming what is wrong. batch_redundancy
+    "auto" builds it with none: the runtime's buffer sets it from the group filter's drops as the run goes
+    (rlflow/runtime/buffer.py, StaleFlowManager.set_batch_redundancy)."""
     if kind not in POLICIES:
         raise ValueError(f"unknown staleness policy {kind!r}; valid: {', '.join(sorted(POLICIES))}")
-    _check_range(batch_size=batch_size, eta=eta, capacity=capacity, batch_redundancy=batch_redundancy)
+    auto = batch_redundancy == "auto"
+    if isinstance(batch_redundancy, str) and not auto:
+        raise ValueError(f"batch_redundancy must be a whole number >= 0 or 'auto', got {batch_redundancy!r}")
+    _check_range(batch_size=batch_size, eta=eta, capacity=capacity, batch_redundancy=0 if auto else batch_redundancy)
     if kind in _FIXED_ETA and eta is not None:
         if eta != _FIXED_ETA[kind]:
             raise ValueError(
@@ -58,7 +63,7 @@ def make_policy(
         takes = ", ".join(sorted(required | optional)) or "only batch_size"
         hint = "; batch redundancy needs staleflow or synchronous" if "batch_redundancy" in extra else ""
         raise ValueError(f"{kind} does not take {', '.join(extra)} (it takes {takes}){hint}")
-    return POLICIES[kind](batch_size=batch_size, **given)
+    return POLICIES[kind](batch_size=batch_size, **({**given, "batch_redundancy": 0} if auto else given))
 
 
 def _check_range(*, batch_size: int, eta: int | None, capacity: int | None, batch_redundancy: int) -> None:

@@ -29,7 +29,7 @@ class Buffer:
     def __init__(self, control: dict, store, ledger, counts: dict, abort_group: Callable[[str], None], log=print):
         # batch_redundancy auto: the policy starts with none and follows the group filter's drops (_scored)
         self.auto_redundancy = control.get("batch_redundancy") == "auto"
-        self.policy = make_policy(**{**control, "batch_redundancy": 0} if self.auto_redundancy else control)
+        self.policy = make_policy(**control)
         self.recent: deque[bool] = deque(maxlen=AUTO_WINDOW_BATCHES * control["batch_size"])  # kept or dropped
         self.ledger = ledger
         self.eta = control["eta"]

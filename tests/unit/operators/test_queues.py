@@ -281,3 +281,13 @@ def test_abort_and_filter_are_counted():
     c = p.counters
     assert (c.aborted, c.filtered, c.in_flight, c.pending, c.conserved()) == (1, 2, 0, 0, True)
     assert not p.ready()
+
+
+def test_auto_redundancy_builds_a_staleness_buffer_with_none_and_only_a_staleness_buffer():
+    """batch_redundancy 'auto' (the runtime's buffer adapts it) starts at 0; policies without redundancy refuse it."""
+    assert make_policy("synchronous", batch_size=4, batch_redundancy="auto").capacity == 4
+    assert make_policy("staleflow", batch_size=4, eta=2, batch_redundancy="auto").batch_redundancy == 0
+    with pytest.raises(ValueError, match="batch redundancy needs staleflow or synchronous"):
+        make_policy("queue_drop", batch_size=4, capacity=8, batch_redundancy="auto")
+    with pytest.raises(ValueError, match="a whole number >= 0 or 'auto'"):
+        make_policy("synchronous", batch_size=4, batch_redundancy="lots")
