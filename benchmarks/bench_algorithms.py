@@ -30,7 +30,7 @@ from bench_learning import run
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "algorithms.md"
-DEFAULT_ALGOS = "grpo,dr_grpo,rloo,reinforce_pp,gspo,cispo"
+DEFAULT_ALGOS = "grpo,dr_grpo,rloo,reinforce_pp,gspo,cispo,ppo,grpo_lora:algo=grpo;lora={rank: 8};lr=1.0e-3"
 
 
 def variant(spec: str) -> tuple[str, list[str]]:
