@@ -33,6 +33,11 @@ def simulate(plan: PlanFile = None, bare: Bare = None,
                  "--scale", metavar="STEP:N", show_default=False,
                  help="elastic rollout: N instances once STEP train steps have ended, as `rlflow scale` would ask "
                       "(repeatable; cost_model mode)")] = None,
+             control_costs: Annotated[str | None, typer.Option(
+                 "--control-costs", metavar="FILE|NAME|none", show_default=False,
+                 help="seconds charged between actors per group and per step: a control-costs JSON, a name in "
+                      "configs/control_costs/, or none for instant hand-offs (default: cpu-2core, measured by "
+                      "benchmarks/bench_step_latency.py)")] = None,
              output: Annotated[str, typer.Option("-o", "--output", help="folder for the report")] = ".rlflow/sim",
              sets: Sets = None) -> int:
     """run the plan in the discrete-event simulator (any scale, seconds)"""
@@ -61,7 +66,7 @@ def simulate(plan: PlanFile = None, bare: Bare = None,
         raise PipelineInvalid(typed.source, [Problem(("simulate",), f"--scale: expected STEP:N (two whole numbers), got "
                                                      f"{', '.join(scale)}", "bad-simulation", "see rlflow simulate --help")])
     options = dict(mode=mode, instances=instances, profile=profile, train_tokens_per_s=train_tokens_per_s,
-                   prompt_tokens=prompt_tokens, seed=seed, scale=tuple(points))
+                   prompt_tokens=prompt_tokens, seed=seed, scale=tuple(points), control_costs=control_costs)
     result, _ = api.simulate(typed, steps=steps, log=lambda line: print(line, flush=True), **options)  # prints its notes and what it simulates
     for t, after, n, why in result.scale_events:
         print(f"scale at {t:,.1f} s (after step {after}): {n} instance(s); {why}")

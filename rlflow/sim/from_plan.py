@@ -269,5 +269,5 @@ def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:
     costs = ControlCosts.load(control_costs)
     notes.append(f"control costs from {costs.path.name} ({costs.source}): {costs.reward_latency_s * 1000:.0f} ms from a "
                  f"group's last sample to the buffer, {costs.step_control_s * 1000:.0f} ms per train step outside "
-                 "trainer compute; measured on a small CPU run, pass control_costs='none' to leave them out")
+                 "trainer compute; measured on a small CPU run, --control-costs none (control_costs='none') leaves them out")
     return {"reward_latency_s": costs.reward_latency_s, "step_control_s": costs.step_control_s}

@@ -220,3 +220,24 @@ def test_per_stage_lengths_reach_the_plan_and_the_closed_form_declines_differing
                                     "workload.stages.gen_repeat.mean_length=3", "workload.stages.gen_repeat.tailness=0",
                                     "workload.stages.gen_repeat.length_cap=8"])
     assert same["prediction"]["available"]
+
+
+def test_rlflow_simulate_charges_the_control_costs_it_is_given(tmp_path, monkeypatch, capsys):
+    """--control-costs: the shipped file by default (its note says so), none for instant hand-offs, and a name that
+    is no file is refused with the shipped ones named (exit 2, no traceback)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", str(Path(__file__).resolve().parents[3] / "pipelines" / "synchronous.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--steps", "6"]) == 0
+    charged = capsys.readouterr().out
+    assert "note: control costs from cpu-2core.json" in charged
+    assert main(["simulate", "--steps", "6", "--control-costs", "none"]) == 0
+    instant = capsys.readouterr().out
+    assert "note: control costs: none (hand-offs between actors take no time)" in instant
+    virtual = [float(line.split()[2].replace(",", "")) for text in (charged, instant)
+               for line in text.splitlines() if line.startswith("virtual time")]
+    assert len(virtual) == 2 and virtual[0] > virtual[1]  # the same plan takes longer with the hops charged
+    assert main(["simulate", "--steps", "6", "--control-costs", "no-such-machine"]) == 2
+    err = capsys.readouterr().err
+    assert "control costs: no file" in err and "cpu-2core" in err and "Traceback" not in err
+
