@@ -94,6 +94,7 @@ NAMES: dict[str, str | None] = {
     "dropped_groups": None,
     # system/: the run's own cost and health (MLflow's "System metrics" tab)
     "sync_s": "system/sync_s",
+    "published_bytes": "system/published_bytes",  # one version's weights on the wire (with train.lora: the adapters)
     "control_share": "system/control_share",
     "driver_cpu_share": "system/driver_cpu_share",
     "steady_s": "system/steady_s",

@@ -50,6 +50,7 @@ class TrainerWorker:
         self.store, self.params = store, params
         self.weights = weights or {"transport": "object_store", "bucket_bytes": BUCKET_BYTES}
         self.link = None  # collective transport: rank 0's weight link to the parameter server
+        self.published_bytes = 0  # the last version's bytes on the wire (step metric published_bytes)
         self.peers = []
         if rank == 0 and world_size > 1:
             master = (ray.util.get_node_ip_address(), free_port("0.0.0.0"))
@@ -99,8 +100,10 @@ class TrainerWorker:
             if transport == "collective" and self.link is None:
                 self.link = open_link(self.params)  # rank 0's link to the parameter server, kept for the run
             layouts = self.trainer.weight_layouts(bucket_bytes)
-            return publish(self.params, version, layouts, self.trainer.weight_buckets(bucket_bytes),
-                           transport=transport, link=self.link)["sync_s"]
+            sent = publish(self.params, version, layouts, self.trainer.weight_buckets(bucket_bytes),
+                           transport=transport, link=self.link)
+            self.published_bytes = sent["bytes"]  # a version's size on the wire (LoRA: the adapters alone)
+            return sent["sync_s"]
 
         if self.trainer.gathers_to_publish:  # ZeRO-3: every rank takes part in each bucket's gather
             return self._all("gather", bucket_bytes, own=put)[0]
@@ -128,7 +131,9 @@ class TrainerWorker:
         # poisoned weights are never published (the driver stops without saving them); a skipped step's are as before
         sync_s = self.publish(step.version + 1) if nonfinite != "poisoned" else 0.0
         hop_trace.mark("published", step.version + 1)
-        return StepResult(merge_rank_metrics(per_rank), nonfinite, sync_s, self.world_size)
+        metrics = merge_rank_metrics(per_rank)
+        metrics["published_bytes"] = float(self.published_bytes if nonfinite != "poisoned" else 0)
+        return StepResult(metrics, nonfinite, sync_s, self.world_size)
 
     def train_shard(self, shard) -> dict:
         return self.trainer.train_shard(shard)

@@ -44,6 +44,7 @@ def test_a_lora_run_publishes_only_the_adapters_and_exports_them(ray_cluster, wo
     assert sorted(names) == sorted(lora.adapter_state(model)) and sorted(published) == sorted(names)
     assert sum(s.nbytes for layout in version.layouts for s in layout.slots) == adapter
     assert version.nbytes < (adapter + base) / 20
+    assert [h["published_bytes"] for h in run.history] == [adapter, adapter]  # each step's metric says so too
     measured = f"bytes per version: adapter {version.nbytes}, the whole model {base}"
 
     # the engine applies the trained adapter in place: its greedy completions change
