@@ -209,8 +209,7 @@ class Run:
                 self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
                 raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
                                 f"{RESUME_HINT}") from None
-            self._on_trained(trained)
-            self._poke()
+            self._on_trained(trained)  # its _finish_step pokes the coordinators and sends the new version
         self.ledger.flush()
 
     def _coordinate(self) -> None:
