@@ -13,10 +13,11 @@ from pathlib import Path
 
 from rlflow import registry
 from rlflow.data_head import head_problem
+from rlflow.data_sources import is_table
 from rlflow.errors import Problem
 from rlflow.schema import DATA_NODE, Pipeline
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # or a `datasets` directory
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -203,11 +204,11 @@ def _prompt_formats(spec: Pipeline) -> list[tuple[tuple, str, str | None]]:
 def _check_chat_template(spec: Pipeline, template: bool, problems: list[Problem]) -> None:
     """prompt_format chat needs a tokenizer with a chat template; a system prompt needs prompt_format chat."""
     for loc, fmt, system in _prompt_formats(spec):
-        if fmt == "chat" and not template:
-            problems.append(Problem(loc + ("prompt_format",), f"prompt_format chat, but the tokenizer of model '{spec.model.path}' "
+        if fmt in ("chat", "messages") and not template:
+            problems.append(Problem(loc + ("prompt_format",), f"prompt_format {fmt}, but the tokenizer of model '{spec.model.path}' "
                                     "has no chat template", "no-chat-template",
                                     "use prompt_format: raw, or a model whose tokenizer has one (e.g. builtin:smollm2-135m)"))
-        if system is not None and fmt != "chat":
+        if system is not None and fmt == "raw":
             problems.append(Problem(loc + ("system_prompt",), "a system prompt is a chat message; with prompt_format raw it "
                                     "would be ignored", "system-prompt-needs-chat",
                                     "set prompt_format: chat, or put the instruction into the prompt text"))
@@ -285,12 +286,14 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
         problems.append(Problem(("data",), "data has neither source nor tasks", "data-source-or-tasks",
                                 "set data.source: builtin:arith, or data.tasks: {<name>: {source: ...}, ...}"))
     if d.source is not None:
-        _check_source(d.source, ("data", "source"), base_dir, problems, (d.prompt_field, d.answer_field))
+        _check_source(d.source, ("data", "source"), base_dir, problems, (d.prompt_field, d.answer_field), d.split,
+                      d.prompt_format)
     for name, task in (d.tasks or {}).items():
         if not TASK_NAME.match(name):
             problems.append(Problem(("data", "tasks", name), f"task name '{name}' has characters not allowed (it names metrics and operators)",
                                     "bad-task-name", "use letters, digits and _.- (starting with a letter or digit)"))
-        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems, (task.prompt_field, task.answer_field))
+        _check_source(task.source, ("data", "tasks", name, "source"), base_dir, problems, (task.prompt_field, task.answer_field),
+                      task.split, task.prompt_format)
     if isinstance(d.eval, float) and not 0 < d.eval <= 0.5:
         problems.append(Problem(("data", "eval"), f"a held-out fraction must be in (0, 0.5], got {d.eval:g}", "bad-eval",
                                 "data.eval: 0.1 holds out 10% of the rows (the rest is trained on)"))
@@ -302,25 +305,33 @@ def check_data(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
             problems.append(Problem(("data", "eval"), f"'{d.eval}' is neither a fraction in (0, 0.5] nor a .jsonl/.json/.parquet file",
                                     "bad-eval", "data.eval: 0.1 holds out 10% of the source's rows; or give a file of prompts"))
         else:
-            _check_source(d.eval, ("data", "eval"), base_dir, problems, (d.prompt_field, d.answer_field))
+            _check_source(d.eval, ("data", "eval"), base_dir, problems, (d.prompt_field, d.answer_field),
+                          prompt_format=d.prompt_format)
     if d.tasks is not None:
-        for field in ("limit", "prompt_field", "answer_field", "prompt_format", "system_prompt"):
+        for field in ("limit", "prompt_field", "answer_field", "prompt_format", "system_prompt", "split"):
             if field in d.model_fields_set:
                 problems.append(Problem(("data", field), f"data.{field} applies to data.source; with data.tasks each task has its own",
                                         "task-field-on-data", f"move it into each task: data.tasks.<name>.{field}"))
 
 
-def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem], fields: tuple[str, str]) -> None:
-    """A builtin task that exists, or a prompt file that exists and whose first rows have both `fields`."""
+def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem], fields: tuple[str, str],
+                  split: str | None = None, prompt_format: str = "raw") -> None:
+    """A builtin task that exists, or a prompt file (or `datasets` directory: rlflow/data_sources.py) that exists and
+    whose first rows have both `fields`."""
+    path = None if src.startswith("builtin:") else resolve_path(src, base_dir)
     if src.startswith("builtin:"):
         component(problems, "task", src, loc)
-    elif not src.endswith(DATA_SUFFIXES):
-        problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file",
-                                "bad-data-source", "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
-    elif (path := resolve_path(src, base_dir)) is None:
+    elif path is None and (src.endswith(DATA_SUFFIXES) or not Path(src).suffix):
         problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
-    elif problem := head_problem(path, fields, name=src):
+    elif not (src.endswith(DATA_SUFFIXES) or (path is not None and path.is_dir())):
+        problems.append(Problem(loc, f"'{src}' is neither builtin:<task> nor a .jsonl/.json/.parquet file (nor "
+                                ".arrow, nor a `datasets` directory)", "bad-data-source",
+                                "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
+    elif problem := head_problem(path, fields, name=src, split=split, prompt_format=prompt_format):
         problems.append(Problem(loc, *problem))
+    if split is not None and (src.startswith("builtin:") or (path is not None and not is_table(path))):
+        problems.append(Problem(loc[:-1] + ("split",), f"split {split!r} names a split of a `datasets` directory, but "
+                                f"'{src}' is not one", "bad-split", "remove split"))
 
 
 # --------------------------------------------------------------------------- cost-model profiles

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlflow.prompt_rows import row_problem
+from rlflow.data_sources import TableProblem, column_types_problem, is_table, read_table
+from rlflow.prompt_rows import row_problem as row_problem  # re-exported: the rule every reader judges a row by
+from rlflow.prompt_rows import row_problem_as
 
 HEAD_ROWS = 1000  # rows checked up front; the stream checks every row it draws
 
@@ -35,23 +37,27 @@ def no_rows_problem(shown: str) -> tuple[str, str, str]:
     return (f"'{shown}' has no rows", "bad-data", "point the task at a file with prompts")
 
 
-def head_problem(path: str | Path, fields: tuple[str, str], rows: int | None = None,
-                 name: str | None = None) -> tuple[str, str, str] | None:
+def head_problem(path: str | Path, fields: tuple[str, str], rows: int | None = None, name: str | None = None, *,
+                 split: str | None = None, prompt_format: str = "raw") -> tuple[str, str, str] | None:
     """(message, rule, fix) for the first problem among the first `rows` (default HEAD_ROWS) rows of a .jsonl /
     .json / .parquet file of prompts with (prompt, answer) columns `fields`; None if they are all usable. Messages
     call the file `name` (default: the path). A .json file holding one JSON array is left to the stream (it is
-    parsed whole there)."""
+    parsed whole there). A `datasets` directory or .arrow file (data_sources.py) is read with its `split`; with
+    prompt_format messages the prompt column holds chats (prompt_rows.row_problem_as)."""
     rows = rows or HEAD_ROWS
     shown = name or str(path)
+    if is_table(path):
+        return _table_head(str(path), fields, rows, shown, split, prompt_format)
     if str(path).endswith(".parquet"):
-        return _parquet_head(str(path), fields, rows, shown)
+        return _parquet_head(str(path), fields, rows, shown, prompt_format)
     try:
-        return _json_head(str(path), fields, rows, shown)
+        return _json_head(str(path), fields, rows, shown, prompt_format)
     except (OSError, UnicodeDecodeError) as err:  # unreadable, or not text: the same problem for the user
         return (f"cannot read '{shown}': {type(err).__name__}: {err}"[:300], "bad-data", READ_FIX)
 
 
-def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tuple[str, str, str] | None:
+def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str,
+               prompt_format: str = "raw") -> tuple[str, str, str] | None:
     seen = 0
     for number, row in _json_lines(path):
         if isinstance(row, Exception):
@@ -61,7 +67,7 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
         if not isinstance(row, dict):
             return (f"cannot read '{shown}' line {number}: a {type(row).__name__}, not a JSON object", "bad-data", READ_FIX)
         problem = column_problem(shown, fields, row) if seen == 0 else None  # columns: named from the first row
-        problem = problem or row_problem(row, fields, f"'{shown}' line {number}")
+        problem = problem or row_problem_as(row, fields, f"'{shown}' line {number}", prompt_format)
         if problem:
             return problem
         seen += 1
@@ -70,11 +76,16 @@ def _json_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tup
     return None if seen else no_rows_problem(shown)
 
 
-def head_rows(path: str | Path, fields: tuple[str, str], rows: int | None = None) -> list[tuple[str, dict]]:
+def head_rows(path: str | Path, fields: tuple[str, str], rows: int | None = None, *, split: str | None = None,
+              prompt_format: str = "raw") -> list[tuple[str, dict]]:
     """("'p.jsonl' line 7", row) for the usable rows among the first `rows` (default HEAD_ROWS) of a .jsonl /
-    .parquet file; [] for a .json array file (parsed whole by the stream). head_problem names the unusable ones."""
+    .parquet file or a table (data_sources.py); [] for a .json array file (parsed whole by the stream). head_problem
+    names the unusable ones."""
     rows, path = rows or HEAD_ROWS, str(path)
-    if path.endswith(".parquet"):
+    if is_table(path):
+        head = read_table(path, split).select(list(dict.fromkeys(fields))).slice(0, rows).to_pylist()
+        found = [(f"'{path}' row {i + 1}", row) for i, row in enumerate(head)]
+    elif path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         file = pq.ParquetFile(path)
@@ -88,22 +99,29 @@ def head_rows(path: str | Path, fields: tuple[str, str], rows: int | None = None
             if row is _ARRAY or len(found) >= rows:
                 break
             found.append((f"'{path}' line {number}", row))
-    return [(where, row) for where, row in found if isinstance(row, dict) and row_problem(row, fields, where) is None]
+    return [(where, row) for where, row in found
+            if isinstance(row, dict) and row_problem_as(row, fields, where, prompt_format) is None]
 
 
-def first_bad(path: str | Path, fields: tuple[str, str], rule: str) -> str | None:
+def first_bad(path: str | Path, fields: tuple[str, str], rule: str, *, split: str | None = None,
+              prompt_format: str = "raw") -> str | None:
     """Where the file first breaks `rule` ("'p.jsonl' line 7", "'p.parquet' row 3"): a row_problem rule, or bad-data
     for a line that is not a JSON object; reads the whole file (only on an error path); None if no row does or the
     file cannot be read."""
-    return first_row(path, lambda row: _breaks(row, fields, rule), fields)
+    return first_row(path, lambda row: _breaks(row, fields, rule, prompt_format), fields, split=split)
 
 
-def first_row(path: str | Path, pick, columns: tuple[str, ...] | None = None) -> str | None:
+def first_row(path: str | Path, pick, columns: tuple[str, ...] | None = None, *, split: str | None = None) -> str | None:
     """Where the file's first row that `pick(row)` is true of is ("'p.jsonl' line 7", "'p.parquet' row 3"); a JSON
     line that does not parse is passed as its ValueError. Parquet rows hold only `columns` (default: all). Reads the
     whole file (only on an error path); None if no row is picked or the file cannot be read."""
     path = str(path)
     try:
+        if is_table(path):
+            table = read_table(path, split)
+            rows = table.select(list(dict.fromkeys(columns))).to_pylist() if columns else table.to_pylist()
+            first = next((i for i, row in enumerate(rows) if pick(row)), None)
+            return None if first is None else f"'{path}' row {first + 1}"
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
 
@@ -117,10 +135,10 @@ def first_row(path: str | Path, pick, columns: tuple[str, ...] | None = None) ->
         return None
 
 
-def _breaks(row, fields: tuple[str, str], rule: str) -> bool:
+def _breaks(row, fields: tuple[str, str], rule: str, prompt_format: str = "raw") -> bool:
     if not isinstance(row, dict):  # a parse error, or a JSON value that is not an object
         return rule == "bad-data"
-    problem = row_problem(row, fields, "")
+    problem = row_problem_as(row, fields, "", prompt_format)
     return problem is not None and problem[1] == rule
 
 
@@ -140,7 +158,8 @@ def _json_lines(path: str):
                 yield number, err
 
 
-def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> tuple[str, str, str] | None:
+def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str,
+                  prompt_format: str = "raw") -> tuple[str, str, str] | None:
     import pyarrow.parquet as pq
 
     try:
@@ -152,9 +171,29 @@ def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str) -> 
         return problem
     if file.metadata.num_rows == 0:
         return no_rows_problem(shown)
-    batch = next(file.iter_batches(batch_size=rows, columns=list(fields)))
+    batch = next(file.iter_batches(batch_size=rows, columns=list(dict.fromkeys(fields))))
     for i, row in enumerate(batch.to_pylist()):
-        problem = row_problem(row, fields, f"'{shown}' row {i + 1}")
+        problem = row_problem_as(row, fields, f"'{shown}' row {i + 1}", prompt_format)
+        if problem:
+            return problem
+    return None
+
+
+def _table_head(path: str, fields: tuple[str, str], rows: int, shown: str, split: str | None,
+                prompt_format: str) -> tuple[str, str, str] | None:
+    """The head check of a `datasets` directory or .arrow file: readable, the columns there and of the right types,
+    the first rows usable."""
+    try:
+        table = read_table(path, split, shown)
+    except TableProblem as err:
+        return err.problem
+    problem = column_problem(shown, fields, table.column_names) or column_types_problem(shown, table, fields, prompt_format)
+    if problem:
+        return problem
+    if table.num_rows == 0:
+        return no_rows_problem(shown)
+    for i, row in enumerate(table.select(list(dict.fromkeys(fields))).slice(0, rows).to_pylist()):
+        problem = row_problem_as(row, fields, f"'{shown}' row {i + 1}", prompt_format)
         if problem:
             return problem
     return None

@@ -75,13 +75,14 @@ def _tasks(spec: Pipeline, base_dir: Path) -> dict[str, dict]:
     d = spec.data
     sources = d.tasks or {MAIN_TASK: TaskSource(source=d.source, limit=d.limit, prompt_field=d.prompt_field,
                                                   answer_field=d.answer_field, prompt_format=d.prompt_format,
-                                                  system_prompt=d.system_prompt)}
+                                                  system_prompt=d.system_prompt, split=d.split)}
     routes = task_routes(spec)
     out = {}
     for name, t in sources.items():
         src = t.source if t.source.startswith("builtin:") else str(resolve_path(t.source, base_dir) or t.source)
         out[name] = {"source": src, "weight": t.weight, "limit": t.limit, "prompt_field": t.prompt_field,
                      "answer_field": t.answer_field, "prompt_format": t.prompt_format, "system_prompt": t.system_prompt,
+                     **({"split": t.split} if t.split else {}),  # a DatasetDict directory's (rlflow/data_sources.py)
                      **routes[name],
                      # share of rows held out for evaluation (runtime/evaluation.py), never trained on
                      "holdout": d.eval if isinstance(d.eval, float) else None}
@@ -208,7 +209,7 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
         rollout = spec.stages[task["rollout"]]
         held = ({"source": str(resolve_path(d.eval, base_dir) or d.eval), "holdout": None, "limit": None,
                  "prompt_field": task["prompt_field"], "answer_field": task["answer_field"]} if isinstance(d.eval, str)
-                else {k: task[k] for k in ("source", "holdout", "limit", "prompt_field", "answer_field")})
+                else {k: task[k] for k in ("source", "split", "holdout", "limit", "prompt_field", "answer_field") if k in task})
         per_task[name] = {**held, "reward_fn": rewards[task["reward"]], "max_new_tokens": rollout.max_new_tokens,
                           "temperature": rollout.temperature, "prompt_format": task.get("prompt_format", "raw"),
                           "system_prompt": task.get("system_prompt")}

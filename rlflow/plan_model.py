@@ -121,6 +121,7 @@ class Task(_Part):
     answer_field: str | None = None
     prompt_format: str = "raw"
     system_prompt: str | None = None
+    split: str | None = None
     rollout: str
     reward: str
     filter: str | None = None

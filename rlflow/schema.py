@@ -28,8 +28,9 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- model, data, tracking
 
 
-#: how a prompt's text becomes token ids (data.prompt_format, data.tasks.<name>.prompt_format)
-PromptFormat = Literal["raw", "chat"]
+#: how a prompt's text becomes token ids (data.prompt_format, data.tasks.<name>.prompt_format); messages: the prompt
+#: column holds a chat, a list of {role, content} (docs/guides/datasets-and-environments.md)
+PromptFormat = Literal["raw", "chat", "messages"]
 
 
 class ModelSpec(Strict):
@@ -53,7 +54,10 @@ class TaskSource(Strict):
     """One task type's prompts (an entry of `data.tasks`; the key is the task name)."""
 
     source: str
-    """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
+    """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet / .arrow file of prompts, or a
+    directory written by `datasets`' save_to_disk."""
+    split: str | None = None
+    """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     weight: Annotated[float, Field(gt=0)] = 1.0
     """Share of prompts drawn for this task, relative to the other tasks served by the same rollout stage
     (tasks on separate rollout stages are drawn as fast as their stage admits work)."""
@@ -64,7 +68,9 @@ class TaskSource(Strict):
     answer_field: str = "answer"
     """Column holding the reference answer this task's reward function checks against."""
     prompt_format: PromptFormat = "raw"
-    """raw: the prompt text is tokenized as is; chat: it becomes the user message of the tokenizer's chat template."""
+    """raw: the prompt text is tokenized as is; chat: it becomes the user message of the tokenizer's chat template;
+    messages: the prompt column holds a chat (a list of {role, content}) rendered with the chat template (an
+    answer_field equal to prompt_field: the chat's last assistant message is the answer, not part of the prompt)."""
     system_prompt: str | None = None
     """With prompt_format chat: a system message put before the prompt (e.g. "Answer with the number only.")."""
 
@@ -73,7 +79,10 @@ class DataSpec(Strict):
     """Where prompts come from (read with Ray Data): one `source`, or several named `tasks`."""
 
     source: str | None = None
-    """One task type (named `main`): `builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet file of prompts."""
+    """One task type (named `main`): `builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet /
+    .arrow file of prompts, or a directory written by `datasets`' save_to_disk."""
+    split: str | None = None
+    """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     tasks: Annotated[dict[str, TaskSource], Field(min_length=1)] | None = None
     """Several task types, by name; edges route each to its rollout and reward stages (set this or `source`)."""
     prompts_per_step: PositiveInt | None = None
@@ -84,7 +93,9 @@ class DataSpec(Strict):
     """Column holding the reference answer the reward function checks against (with `source`; each of `tasks` has its own)."""
     prompt_format: PromptFormat = "raw"
     """raw: the prompt text is tokenized as is; chat: it becomes the user message of the tokenizer's chat template
-    (`apply_chat_template`, generation prompt added); with `source` (each of `tasks` has its own). Set per task, not
+    (`apply_chat_template`, generation prompt added); messages: the prompt column holds a chat (a list of {role,
+    content}) rendered the same way (answer_field equal to prompt_field: its last assistant message is the answer);
+    with `source` (each of `tasks` has its own). Set per task, not
     per model: whether rows are already formatted, and which system prompt fits, depend on the data."""
     system_prompt: str | None = None
     """With prompt_format chat: a system message put before every prompt (with `source`; each of `tasks` has its own)."""

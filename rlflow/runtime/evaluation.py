@@ -25,7 +25,15 @@ from pathlib import Path
 import ray
 
 from rlflow.plan_model import EvaluatorActor, Plan
-from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
+from rlflow.prompt_rows import (
+    BUILTIN_TASK_ROWS,
+    encode_prompt,
+    held_out,
+    plain,
+    prompt_text,
+    row_problem_as,
+    row_prompt_answer,
+)
 from rlflow.runtime.messages import EvalPrompt, EvalTask
 
 EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
@@ -75,12 +83,22 @@ def summarize(results: list[dict], k: int, prefix: str = "eval/") -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- held-out rows
-def read_file(path: str, loc: tuple[str, ...] = ("data", "eval"), prefix: str = "held-out row: "):
-    """(where, row) for the rows of a .jsonl / .json / .parquet file, in file order ("'p.jsonl' line 7"); a line
-    that is not a JSON object is invalid input naming its line (data_head.py words it as the head check does), at
-    pipeline location `loc`."""
+def read_file(path: str, loc: tuple[str, ...] = ("data", "eval"), prefix: str = "held-out row: ",
+              split: str | None = None):
+    """(where, row) for the rows of a .jsonl / .json / .parquet file, a `datasets` directory (its `split`) or an
+    .arrow file, in file order ("'p.jsonl' line 7"); a line that is not a JSON object is invalid input naming its
+    line (data_head.py words it as the head check does), at pipeline location `loc`."""
     from rlflow.data_head import READ_FIX, _json_lines
+    from rlflow.data_sources import TableProblem, is_table, read_table
 
+    if is_table(path):
+        try:
+            table = read_table(path, split)
+        except TableProblem as err:
+            bad_row(err.problem, path, loc, prefix)
+        for batch in table.to_batches(max_chunksize=1024):
+            yield from ((f"'{path}' row {n + 1}", row) for n, row in enumerate(batch.to_pylist()))
+        return
     if Path(path).suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -122,21 +140,22 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
 
     src, frac = task["source"], task.get("holdout")
     pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
+    fmt = task.get("prompt_format") or "raw"
     if src.startswith("builtin:"):
         count = task.get("limit") or max(BUILTIN_TASK_ROWS, math.ceil(2 * size / (frac or 1)))
         rows = ((f"row {i + 1} of {src}", r) for i, r in enumerate(registry.resolve("task", src)(seed=seed, count=count)))
     else:
-        rows = read_file(src)
+        rows = read_file(src, split=task.get("split"))
     out = []
     for n, (where, row) in enumerate(rows):
         if task.get("limit") and n >= task["limit"]:
             break
-        if problem := row_problem(row, (pf, af), where):  # as training's reader judges it: stop, naming the row
+        if problem := row_problem_as(row, (pf, af), where, fmt):  # as training's reader judges it: stop, naming the row
             bad_row(problem, src)
-        prompt = str(row[pf])
-        if frac is not None and not held_out(prompt, frac):
+        if frac is not None and not held_out(str(row[pf]), frac):
             continue
-        out.append({"prompt": prompt, "answer": str(row[af]), "row": plain(row)})
+        prompt, answer = row_prompt_answer(row, (pf, af), fmt)
+        out.append({"prompt": prompt, "answer": answer, "row": plain(row)})
         if len(out) >= size:
             break
     return out
@@ -145,7 +164,7 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
 def encode(tokenizer, rows: list[dict], prompt_format: str = "raw", system_prompt: str | None = None) -> list[EvalPrompt]:
     """Held-out rows as EvalPrompts: their prompt ids (exactly as prompt_source.py formats training prompts) and
     the answer's token length (buckets)."""
-    return [EvalPrompt(r["prompt"], r["answer"], r.get("row", {}),
+    return [EvalPrompt(prompt_text(r["prompt"]), r["answer"], r.get("row", {}),
                        encode_prompt(tokenizer, r["prompt"], prompt_format, system_prompt),
                        len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"])) for r in rows]
 

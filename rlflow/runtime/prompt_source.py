@@ -19,8 +19,17 @@ from ray.data import DataContext
 
 from rlflow import registry
 from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem
+from rlflow.data_sources import TableProblem, is_table, read_table
 from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
-from rlflow.prompt_rows import BUILTIN_TASK_ROWS, encode_prompt, held_out, plain, row_problem
+from rlflow.prompt_rows import (
+    BUILTIN_TASK_ROWS,
+    encode_prompt,
+    held_out,
+    plain,
+    prompt_text,
+    row_problem_as,
+    row_prompt_answer,
+)
 from rlflow.runtime.messages import Prompt
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 
@@ -99,6 +108,7 @@ class _TaskRows:
         self.loc = ("data", "source") if name == "main" else ("data", "tasks", name, "source")
         self.fields = (spec.get("prompt_field", "prompt"), spec.get("answer_field", "answer"))
         self.holdout = spec.get("holdout")  # share of rows held out for evaluation (runtime/evaluation.py)
+        self.split, self.fmt = spec.get("split"), spec.get("prompt_format") or "raw"  # data_sources.py; prompt_rows.py
         self.epoch, self.in_epoch, self._rows = 0, 0, None
         self._first: list | None = []  # the first epoch's rows while there are at most CACHE_ROWS
         self._cached: list | None = None
@@ -116,7 +126,8 @@ class _TaskRows:
 
     def check_head(self) -> None:
         """The file's first rows (data_head.py): a bad one fails the run before it starts an actor."""
-        problem = None if self.spec["source"].startswith("builtin:") else head_problem(self.spec["source"], self.fields)
+        problem = None if self.spec["source"].startswith("builtin:") else head_problem(
+            self.spec["source"], self.fields, split=self.split, prompt_format=self.fmt)
         if problem:
             self.fail(*problem)
 
@@ -126,6 +137,11 @@ class _TaskRows:
             if src.startswith("builtin:"):
                 rows = registry.resolve("task", src)(seed=self.seed, count=limit or BUILTIN_TASK_ROWS)
                 ds = ray.data.from_items(rows)
+            elif is_table(src):  # a `datasets` directory or an Arrow file: memory-mapped here, put in the object store
+                try:
+                    ds = ray.data.from_arrow(read_table(src, self.split))
+                except TableProblem as err:  # changed since the head check
+                    self.stop(*err.problem)
             elif Path(src).suffix == ".parquet":
                 ds = ray.data.read_parquet(src, label_selector=on_this_node())
             elif _is_json_array(src):
@@ -144,7 +160,7 @@ class _TaskRows:
                                                     local_shuffle_buffer_size=SHUFFLE_WINDOW,
                                                     local_shuffle_seed=self.seed + self.epoch))
         lines = not self.spec["source"].startswith("builtin:") and Path(self.spec["source"]).suffix != ".parquet" \
-            and not _is_json_array(self.spec["source"])
+            and not is_table(self.spec["source"]) and not _is_json_array(self.spec["source"])
         try:
             for batch in batches:
                 yield from (map(self._parse, batch.column("text").to_pylist()) if lines else batch.to_pylist())
@@ -163,7 +179,7 @@ class _TaskRows:
                 self.stop(f"cannot read '{self.spec['source']}': {type(cause).__name__}: "
                           f"{(str(cause).splitlines() or [''])[0][:200]}", "bad-data", READ_FIX)
             if row is not None:
-                if self.in_epoch == 0 and Path(self.spec["source"]).suffix == ".parquet":
+                if self.in_epoch == 0 and (Path(self.spec["source"]).suffix == ".parquet" or is_table(self.spec["source"])):
                     self._check_columns(row)  # one schema for the file (a JSON line's missing key is its own row's)
                 self._check_row(row)
                 if self.holdout and held_out(str(row[self.fields[0]]), self.holdout):
@@ -199,11 +215,11 @@ class _TaskRows:
     def _check_row(self, row: dict) -> None:
         """Every row needs a prompt and an answer with text (prompt_rows.row_problem: missing-*, *-not-text, empty-*):
         the run stops naming the row's line, as the head check does."""
-        problem = row_problem(row, self.fields, "")
+        problem = row_problem_as(row, self.fields, "", self.fmt)
         if problem:
             where = self.where(lambda r: isinstance(r, dict) and all(r.get(f) == row.get(f) for f in self.fields),
                                problem[1])
-            self.stop(*row_problem(row, self.fields, where))
+            self.stop(*row_problem_as(row, self.fields, where, self.fmt))
 
     def where(self, same, rule: str) -> str:
         """Where the file holds this row: "'p.jsonl' line 7" (rows are drawn shuffled, so it is found again by
@@ -211,7 +227,8 @@ class _TaskRows:
         else the draw's position."""
         src = self.spec["source"]
         if not src.startswith("builtin:"):
-            found = first_row(src, same, self.fields) or first_bad(src, self.fields, rule)
+            found = first_row(src, same, self.fields, split=self.split) or first_bad(
+                src, self.fields, rule, split=self.split, prompt_format=self.fmt)
             if found:
                 return found
         return f"row {self.in_epoch + 1} drawn from '{src}' (rows are drawn shuffled)"
@@ -254,15 +271,15 @@ def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: d
             continue
         task = _TaskRows(name, spec, 0, source)
         fmt, budget = spec.get("prompt_format") or "raw", max_new_tokens[name]
-        for where, row in head_rows(spec["source"], task.fields):
-            prompt = str(row[task.fields[0]])
+        for where, row in head_rows(spec["source"], task.fields, split=task.split, prompt_format=task.fmt):
+            prompt = row_prompt_answer(row, task.fields, task.fmt)[0]
             try:
                 ids = encode_prompt(tokenizer, prompt, fmt, spec.get("system_prompt"))
             except ValueError as err:
                 task.fail(f"cannot format the prompt at {where} as chat: {err}", "no-chat-template",
                           "use prompt_format: raw, or a model whose tokenizer has a chat template")
             if len(ids) + budget > max_model_len:
-                task.fail(*too_long(where, prompt, len(ids), budget, max_model_len))
+                task.fail(*too_long(where, prompt_text(prompt), len(ids), budget, max_model_len))
 
 
 class PromptSource:
@@ -288,9 +305,9 @@ class PromptSource:
         row = stream.next_row()
         n = self.drawn[task]
         self.drawn[task] += 1
-        prompt_field, answer_field = stream.fields
-        prompt, answer = str(row[prompt_field]), str(row[answer_field])
-        fmt = stream.spec.get("prompt_format") or "raw"
+        prompt_field = stream.fields[0]
+        prompt, answer = row_prompt_answer(row, stream.fields, stream.fmt)
+        fmt = stream.fmt
         try:
             ids = encode_prompt(self.tokenizer, prompt, fmt, stream.spec.get("system_prompt"))
         except ValueError as err:  # the model directory changed since compile (which checks for a chat template)
@@ -298,9 +315,9 @@ class PromptSource:
                         "use prompt_format: raw, or a model whose tokenizer has a chat template")
         budget = self.max_new_tokens[task]
         if len(ids) + budget > self.max_model_len:
-            where = stream.where(lambda r: isinstance(r, dict) and str(r.get(prompt_field)) == prompt, "prompt-too-long")
-            stream.stop(*too_long(where, prompt, len(ids), budget, self.max_model_len))
-        return Prompt(task, n, prompt, answer, ids, plain(row))
+            where = stream.where(lambda r: isinstance(r, dict) and r.get(prompt_field) == row[prompt_field], "prompt-too-long")
+            stream.stop(*too_long(where, prompt_text(prompt), len(ids), budget, self.max_model_len))
+        return Prompt(task, n, prompt_text(prompt), answer, ids, plain(row))
 
     def position(self) -> dict[str, int]:
         """Rows drawn per task so far (a resumed source counts the skipped rows): pass as `skip` to resume."""
