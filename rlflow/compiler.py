@@ -12,6 +12,7 @@ from rlflow.placement import check_stage_resources
 from rlflow.plan import lower
 from rlflow.plan_model import Plan, PlanOutdated
 from rlflow.resource_checks import check_machine
+from rlflow.reward_scorers import check_reward_gpus, reward_settings
 from rlflow.schema import Pipeline
 from rlflow.user_code import python_path, search_dirs
 from rlflow.validate import validate_partial
@@ -33,6 +34,7 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
         problems += check_stage_resources(spec)
         problems += [p for p in devices.place(spec, devices.gpu_count(spec, gpus))[1] if not repairs.echoes(p)]
+        problems += check_reward_gpus(spec, devices.gpu_count(spec, gpus))
         if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
             check_machine(spec, problems)
     if problems:
@@ -169,7 +171,8 @@ def summary(plan: dict) -> str:
                 e = s["elastic"]
                 res += f", elastic {e['min_replicas']}..{e['max_replicas']}{' auto' if e['auto'] else ''}"
         elif s["kind"] == "reward":
-            settings, res = f"fn={s['fn']}", f"{s['concurrency']} x (cpu {s['num_cpus']:g})"
+            settings, res = reward_settings(s), f"{s['concurrency']} x (cpu {s['num_cpus']:g}" + (
+                f", gpu {s['num_gpus']:g})" if s.get("num_gpus") else ")")
         elif s["kind"] == "buffer":
             settings, res = f"batch_groups={s['batch_groups']}", "-"
         else:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import networkx as nx
 
+from rlflow import reward_scorers
 from rlflow.devices import vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
 from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
+from rlflow.tool_checks import tiny_template
 from rlflow.version import __version__
 
 PLAN_VERSION = 2
@@ -93,8 +95,15 @@ def _tasks_of(tasks: dict[str, dict], role: str, stage: str) -> list[str]:
     return [t for t, route in tasks.items() if route[role] == stage]
 
 
-def _episode(stage) -> dict:
-    """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py); nothing for single-turn ones."""
+def _episode(spec: Pipeline, name: str, tasks: dict[str, dict]) -> dict:
+    """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py; with tools, chat_episodes.py);
+    nothing for single-turn ones."""
+    stage = spec.stages[name]
+    if stage.tools:  # chat form: the system prompt of each task it serves that has one goes into its conversation
+        system = {t: route["system_prompt"] for t, route in tasks.items()
+                  if route["rollout"] == name and route.get("system_prompt") is not None}
+        return {"episode": {"env": None, "tools": list(stage.tools), "tool_parser": stage.tool_parser,
+                            "max_turns": stage.max_turns, "chat_template": tiny_template(spec), "system_prompts": system}}
     if stage.env is None:
         return {}
     return {"episode": {"env": stage.env, "env_kwargs": dict(stage.env_kwargs), "max_turns": stage.max_turns}}
@@ -128,7 +137,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources), **_episode(s), **_elastic(s)})
+                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
@@ -203,7 +212,7 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
     per task the held-out rows, the reward function and the rollout settings it is scored with."""
     rollouts = stages_of(spec, "rollout")
     first = spec.stages[rollouts[0]]
-    rewards = {n: spec.stages[n].fn for n in stages_of(spec, "reward")}
+    rewards = {n: spec.stages[n].function_reward() for n in stages_of(spec, "reward")}
     d, per_task = spec.data, {}
     for name, task in tasks.items():
         rollout = spec.stages[task["rollout"]]
@@ -222,21 +231,24 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
         engine_kwargs["max_turn_tokens"] = first.max_turn_tokens
     engine_kwargs |= vllm_settings(spec, rollouts[0])  # its GPUs are the first rollout stage's
     engine_kwargs |= lora_kwargs(spec)
-    return {**_episode(first), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
+    return {**_episode(spec, rollouts[0], tasks), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
             "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
             "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,
             "tasks": per_task}
 
 
-def _operators(spec: Pipeline, tasks: dict[str, dict], order: list[str]) -> list[dict]:
+def _operators(spec: Pipeline, tasks: dict[str, dict], order: list[str], base_dir: Path) -> list[dict]:
     """Ray Data streaming operators, in data-flow order: a reader per task, a map per reward stage, a filter per filtered edge."""
     ops = [{"name": f"read:{t}", "kind": "read", "task": t, **{k: task[k] for k in ("source", "weight", "limit", "prompt_field", "answer_field")},
             "seed": spec.data.seed, "to": task["rollout"]} for t, task in tasks.items()]
     rewards = [n for n in order if n in stages_of(spec, "reward")]
     for name in rewards:
         s = spec.stages[name]
-        ops.append({"name": name, "kind": "reward", "stage": name, "fn": s.fn, "tasks": _tasks_of(tasks, "reward", name),
+        ops.append({"name": name, "kind": "reward", "stage": name, "fn": s.fn or s.function_reward(), "tasks": _tasks_of(tasks, "reward", name),
                     "concurrency": s.concurrency, "num_cpus": s.num_cpus, "resources": dict(s.resources)})
+        if s.fn is None or s.num_gpus:  # model / judge / http / scorers (rlflow/reward_scorers.py); a plain fn stage's op is as it was
+            ops[-1] |= {"scorers": reward_scorers.lowered(s, base_dir, resolve_path), "batch_size": s.batch_size,
+                        "num_gpus": s.num_gpus}
     for name in rewards:
         for e in spec.edges:
             if e.from_ == name and e.policy.kind == "streaming" and e.policy.filter:
@@ -271,7 +283,7 @@ def lower(spec: Pipeline, *, source: str, text: str, overrides: list[str], base_
     order = _topo(g)
     control = staleness_control(spec)
     tasks = _tasks(spec, base_dir)
-    actors, operators = _actors(spec, tasks, base_dir), _operators(spec, tasks, order)
+    actors, operators = _actors(spec, tasks, base_dir), _operators(spec, tasks, order, base_dir)
     resolved = spec.model_dump(mode="json", by_alias=True)
     for name in stages_of(spec, "train"):
         ds = resolve_path(spec.stages[name].deepspeed, base_dir)

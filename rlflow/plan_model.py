@@ -149,11 +149,14 @@ class RewardOperator(_Part):
     name: str
     kind: Literal["reward"]
     stage: str
-    fn: str
+    fn: str | None  # the stage's function reward (held-out evaluation's too); None: it scores with scorers only
     tasks: list[str]
     concurrency: int = 1
     num_cpus: Number = 1
     resources: dict[str, Number] = {}
+    scorers: list[dict[str, Any]] = []  # model / judge / http / weighted parts (rlflow/reward_scorers.py); []: fn alone
+    batch_size: int = 16
+    num_gpus: Number = 0
 
 
 class FilterOperator(_Part):

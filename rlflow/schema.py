@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from rlflow.reward_schema import HttpSpec, JudgeSpec, Scorer
+
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -270,6 +272,14 @@ class RolloutStage(Strict):
     max_turn_tokens: PositiveInt | None = None
     """Tokens one turn may generate (default: no per-turn limit); `max_new_tokens` bounds the whole episode,
     environment segments included."""
+    tools: list[str | dict[str, Any]] = Field(default_factory=list)
+    """Multi-turn tool calling in chat form (instead of `env`): each tool an import string `package.module:function`
+    or `builtin:calculator` (its signature and docstring give the schema), or an OpenAI function schema with `fn`,
+    the import string of the function that runs it. The conversation is the model's chat template with the schemas;
+    each turn's calls run and their results come back as `tool` messages (not trained). docs/guides/tool-calling.md"""
+    tool_parser: str | None = None
+    """With `tools`: the model's tool-call format, `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen,
+    Hermes, SmolLM2) or `json` (the turn is one function-call JSON object, Llama 3.1-style)."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
     num_gpus: NonNegFloat | None = None
@@ -292,15 +302,35 @@ class RewardStage(Strict):
     """Scores completed trajectories (a Ray Data streaming operator)."""
 
     kind: Literal["reward"]
-    fn: str
-    """Built-in reward name (see `rlflow schema`) or an import string `package.module:function`."""
+    fn: str | None = None
+    """Built-in reward name (see `rlflow schema`) or an import string `package.module:function`. A stage sets
+    exactly one of fn, model, judge, http and scorers (docs/guides/reward-models.md)."""
+    model: str | None = None
+    """A Hugging Face sequence-classification directory (one label) or `builtin:tiny-reward`, scored in batches
+    of batch_size by the stage's Ray Data actor pool (concurrency actors of num_cpus / num_gpus each)."""
+    judge: JudgeSpec | None = None
+    """A generative judge: a causal LM, a prompt template and the named rule that reads its verdict."""
+    http: HttpSpec | None = None
+    """A remote reward endpoint: timeouts, retries with backoff, a concurrency limit."""
+    scorers: Annotated[list[Scorer], Field(min_length=1)] | None = None
+    """Several of the above, each with a weight: the reward is their weighted sum (a trajectory fails if one part fails)."""
+    batch_size: PositiveInt = 16
+    """Trajectories per forward pass of a reward model or judge (the memory a worker needs grows with it)."""
+    eval_fn: str | None = None
+    """The reward function held-out evaluation (data.eval) scores with; default: fn, or the first fn of scorers."""
     concurrency: PositiveInt = 1
     """Parallel reward workers."""
     num_cpus: Annotated[float, Field(gt=0)] = 0.25
     """CPUs per reward worker (fractional: reward is light)."""
+    num_gpus: NonNegFloat = 0
+    """GPUs per reward worker, for a reward model or judge (0: CPU); compile rejects it on a cluster without GPUs."""
     resources: CustomResources = Field(default_factory=dict)
     """Ray custom resources each reward worker needs, e.g. `{worker_node: 1}`: it runs only on nodes started with
     `ray start --resources '{"worker_node": 1}'` (checked when the run starts; an embedded cluster offers them)."""
+
+    def function_reward(self) -> str | None:
+        """The reward function held-out evaluation scores with: eval_fn, fn, or the first fn of scorers."""
+        return self.eval_fn or self.fn or next((s.fn for s in self.scorers or [] if s.fn), None)
 
 
 class BufferStage(Strict):

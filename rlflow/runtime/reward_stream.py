@@ -53,6 +53,7 @@ from rlflow.runtime.reward_call import (
     filter_verdict,
     hang_error,
 )
+from rlflow.runtime.reward_pool import ScorerPool, stage_name
 from rlflow.runtime.reward_process import RewardDied, RewardFailed, RewardProcess
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
@@ -149,15 +150,19 @@ class Score:
     Ray Data operators waits for a turn of the streaming executor's scheduling loop (up to 0.1 s each in Ray
     2.60), and a synchronous step pays it once per round of generation (benchmarks/results/step_latency.md)."""
 
-    def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S, filter_fn: str | None = None):
+    def __init__(self, fn_ref: str, timeout_s: float = REWARD_TIMEOUT_S, filter_fn: str | None = None,
+                 scorers: list[dict] | None = None, batch_size: int = 16):
         self.fn_ref, self.timeout_s = fn_ref, timeout_s
         self.filter = registry.resolve("filter", filter_fn) if filter_fn else None
-        self.process = RewardProcess(fn_ref, timeout_s)
+        self.process = RewardProcess(fn_ref, timeout_s)  # a function stage's (spawned at its first call)
         self.timeouts_in_row = 0  # across bundles: a hang on every row stops the stage in a few timeouts
         self.hung = ""  # why this stage must stop, once TIMEOUTS_IN_A_ROW calls in a row timed out
+        # a stage with model / judge / http / scorers: loaded once here, in the actor (reward_pool.py)
+        self.pool = ScorerPool(scorers, batch_size, lambda ref: Score(ref, timeout_s)) if scorers else None
 
     def __call__(self, bundles: pa.Table) -> pa.Table:
-        scored = [[self.score(g) for g in bundle] for bundle in bundles.column("groups").to_pylist()]
+        scored = [self.score_pool(bundle) if self.pool else [self.score(g) for g in bundle]
+                  for bundle in bundles.column("groups").to_pylist()]
         for g in (g for bundle in scored for g in bundle):
             g["kept"] = filter_verdict(self.filter, g["reward"], g["reward_error"])
         hop_trace.mark("scored", (g["group_id"] for bundle in scored for g in bundle))
@@ -179,6 +184,11 @@ class Score:
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"],
                 "reward": [r for r, _ in results], "reward_error": [e for _, e in results], "stage_error": self.hung,
                 **{k: g[k] for k in SPAN if k in g}}
+
+    def score_pool(self, groups: list[dict]) -> list[dict]:
+        """A bundle's rewards from the stage's scorers (reward_pool.py): a model or judge sees the bundle at once."""
+        return [{"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], **r, **{k: g[k] for k in SPAN if k in g}}
+                for g, r in zip(groups, self.pool.score(groups), strict=True)]
 
     def score_one(self, completion: str, answer: str, prompt: str, row: dict, where: str = "a row") -> tuple[float, str]:
         """(reward, "") or (nan, why it failed): raised, not a finite number, timed out, or killed its process
@@ -232,7 +242,8 @@ class StreamRunner:
     """The Ray Data stream of one reward stage, iterated in the process that holds it (StreamHost's, see below)."""
 
     def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
-                 source: str = "the pipeline", resources: dict | None = None, reward_timeout_s: float = REWARD_TIMEOUT_S):
+                 source: str = "the pipeline", resources: dict | None = None, reward_timeout_s: float = REWARD_TIMEOUT_S,
+                 scorers: list[dict] | None = None, batch_size: int = 16, num_gpus: float = 0):
         quiet_ray_data()  # the run prints its own progress
         self.store, self.stage, self.reward_fn, self.source = store, stage, reward_fn, source
         self.reward_timeout_s = reward_timeout_s
@@ -245,8 +256,9 @@ class StreamRunner:
             self.dataset = (
                 ray.data.read_datasource(GroupSource(store, stage, IN_FLIGHT_PER_ACTOR * concurrency),
                                          override_num_blocks=1, num_cpus=0.01)
-                .map_batches(Score, fn_constructor_args=(reward_fn, reward_timeout_s, filter_fn), batch_size=None,
-                             batch_format="pyarrow", compute=ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
+                .map_batches(Score, fn_constructor_args=(reward_fn, reward_timeout_s, filter_fn, scorers, batch_size),
+                             batch_size=None, batch_format="pyarrow", compute=ActorPoolStrategy(size=concurrency),
+                             num_cpus=num_cpus, **({"num_gpus": num_gpus} if num_gpus else {}),  # stages.<reward>.num_gpus
                              **RESTARTS, **({"resources": resources} if resources else {}))  # stages.<reward>.resources
             )
 
@@ -346,9 +358,14 @@ class RewardStream:
     """Reward stage `stage` as Ray Data operators over the store's queue for it, run by a StreamHost actor;
     `start(out)` forwards its batches and errors to the driver's queue `out`."""
 
-    def __init__(self, store, *, stage: str, reward_fn: str, filter_fn: str | None, concurrency: int, num_cpus: float,
-                 source: str = "the pipeline", resources: dict | None = None):
-        registry.resolve("reward", reward_fn)  # a bad reference fails here, in the driver, not in an actor
+    def __init__(self, store, *, stage: str, reward_fn: str | None, filter_fn: str | None, concurrency: int,
+                 num_cpus: float, source: str = "the pipeline", resources: dict | None = None,
+                 scorers: list[dict] | None = None, batch_size: int = 16, num_gpus: float = 0):
+        """`scorers` (a stage with model / judge / http / scorers, built-in models already prepared): scored by
+        reward_pool.py in the actors, and `reward_fn` only names the stage's reward in messages."""
+        for ref in [s["fn"] for s in scorers or [] if s.get("fn")] or ([] if scorers else [reward_fn]):
+            registry.resolve("reward", ref)  # a bad reference fails here, in the driver, not in an actor
+        reward_fn = stage_name(scorers) if scorers else reward_fn
         if filter_fn:
             registry.resolve("filter", filter_fn)
         self.stage = stage
@@ -357,8 +374,8 @@ class RewardStream:
         self._cpu_share: float | None = None  # read from the host when it closes
         self.host = StreamHost.options(runtime_env={"env_vars": HOST_ENV}).remote(store, {
             "stage": stage, "reward_fn": reward_fn, "filter_fn": filter_fn, "concurrency": concurrency,
-            "num_cpus": num_cpus, "source": source, "resources": resources,
-            "reward_timeout_s": REWARD_TIMEOUT_S})  # read here, in the driver, where a test may have changed it
+            "num_cpus": num_cpus, "source": source, "resources": resources, "scorers": scorers, "batch_size": batch_size,
+            "num_gpus": num_gpus, "reward_timeout_s": REWARD_TIMEOUT_S})  # read here, in the driver, where a test may have changed it
 
     def start(self, out: queue.Queue) -> None:
         self._thread = threading.Thread(target=self._forward, args=(out,), name=f"reward-stream-{self.stage}", daemon=True)

@@ -11,12 +11,14 @@ import time
 import ray
 
 from rlflow.plan_model import Plan
+from rlflow.reward_schema import TINY_JUDGE
 from rlflow.runtime import checkpoint
 from rlflow.runtime.buffer import Buffer
 from rlflow.runtime.evaluation import Evaluations
 from rlflow.runtime.export import RunExports
 from rlflow.runtime.ledger import Ledger
 from rlflow.runtime.parameter_server import ParameterServerHandle
+from rlflow.runtime.reward_pool import prepared
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.run_resume import restore
 from rlflow.runtime.scaling import Scaling
@@ -67,9 +69,12 @@ def start(run) -> None:
                                ledger=run.ledger, counts=run.counts, log=run.log) for s in rollout_stages]
     run.elastic = Scaling(run.fleets, run.out_dir, log=run.log)  # `rlflow scale`, and elastic.auto
     filters = plan.filters()
+    policy_start = model_dir if plan.model["path"] == TINY_JUDGE else None  # a judge's builtin:tiny-llama
     run.streams = [RewardStream(run.store, stage=op.stage, reward_fn=op.fn, filter_fn=filters.get(op.stage),
                                 concurrency=op.concurrency, num_cpus=op.num_cpus,
-                                source=plan.source, resources=op.get("resources"))
+                                source=plan.source, resources=op.get("resources"),
+                                scorers=prepared(op.scorers, policy_start, run.log) if op.scorers else None,
+                                batch_size=op.batch_size, num_gpus=op.num_gpus)
                    for op in plan.reward_operators()]
     run.model_dir = model_dir
     run.evals = Evaluations(plan, model_dir, tokenizer)  # held-out scoring on an actor of its own
