@@ -50,6 +50,15 @@ ENVS = {
     "python": "rlflow.stages.env_python:PythonTool",
 }
 
+# Environments and rewards written for other libraries, through an adapter: `<library>:package.module:attr`
+# (e.g. env: "openenv:my_pkg.envs:GuessEnv", fn: "verifiers:my_pkg.tasks:load_taskset"). Each module's
+# adapt(category, target) returns what the category needs (an env factory, a reward function) or raises ComponentError.
+ADAPTERS = {
+    "verifiers": "rlflow.stages.env_verifiers",
+    "openenv": "rlflow.stages.env_openenv",
+}
+ADAPTED = ("env", "reward")  # the categories an adapter serves
+
 CATEGORIES = {
     "engine": ENGINES,
     "reward": REWARDS,
@@ -87,6 +96,9 @@ def check_reference(category: str, ref: str, *, allow_import: bool = True) -> No
     the category (a reward's, filter's or ranker's signature, an env's base class: rlflow/user_code.py)."""
     builtins = CATEGORIES[category]
     if ref in builtins:
+        return
+    if adapter_target(category, ref):
+        _adapt(category, ref)
         return
     if ":" in ref and allow_import and not ref.startswith("builtin:"):
         from rlflow.user_code import misfit
@@ -129,11 +141,25 @@ def _import(ref: str):
     return obj
 
 
+def adapter_target(category: str, ref: str) -> str | None:
+    """The `package.module:attr` an adapter reference `<library>:package.module:attr` names, or None when `ref`
+    names no adapter of `category`."""
+    library, _, target = ref.partition(":")
+    return target if category in ADAPTED and library in ADAPTERS and ":" in target else None
+
+
+def _adapt(category: str, ref: str):
+    library, _, target = ref.partition(":")
+    return importlib.import_module(ADAPTERS[library]).adapt(category, target)
+
+
 def resolve(category: str, ref: str):
     """The object a reference names (imports it)."""
     builtins = CATEGORIES[category]
     if ref in builtins:
         return _import(builtins[ref])
+    if adapter_target(category, ref):
+        return _adapt(category, ref)
     plugins = _plugins(category)
     if ref in plugins:
         return plugins[ref].load()

@@ -100,7 +100,7 @@ def warm_start_of(plan: Plan) -> tuple[str, list[dict] | None]:
     parts = []
     for t in files.values():
         rows = []
-        for n, (where, row) in enumerate(read_file(t.source, ("data", "source"), "")):
+        for n, (where, row) in enumerate(read_file(t.source, ("data", "source"), "", split=t.split)):
             if (t.limit and n >= t.limit) or len(rows) >= WARM_START_ROWS:
                 break
             if problem := row_problem(row, (t.prompt_field, t.answer_field), where):  # as training's reader judges it

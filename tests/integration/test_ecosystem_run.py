@@ -1,0 +1,69 @@
+"""Environments and rubrics from the ecosystem on the real stack, a few steps each: an OpenEnv environment stepped
+between turns through the `openenv:` adapter (pipelines/openenv_calc.yaml), a verifiers taskset's rubric as the
+reward through the `verifiers:` adapter (pipelines/verifiers_calc.yaml), and a `datasets` directory as the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runs import plan_for, run_plan
+from test_run import assert_accounted
+
+pytest.importorskip("openenv")
+pytest.importorskip("verifiers")
+datasets = pytest.importorskip("datasets")
+
+pytestmark = pytest.mark.integration
+
+
+def trained_of(run_hooks_list: list):
+    """RunHooks that record every trajectory the trainer takes (as dicts, with its reward) into `run_hooks_list`."""
+    import ray
+
+    from rlflow.runtime.hooks import RunHooks
+
+    def record(run):
+        start = run.sink.start
+
+        def recording(batch, info, submit):
+            taken = ray.get(run.store.peek.remote(list(batch.rewards)), timeout=60)
+            run_hooks_list.extend(t.as_dict() | {"reward": batch.rewards[t.traj_id]} for t in taken)
+            start(batch, info, submit)
+        run.sink.start = recording
+    return RunHooks(on_started=record)
+
+
+def test_an_openenv_environment_steps_between_turns_and_its_rubric_scores(ray_cluster, workdir):
+    from rlflow import registry
+
+    trained: list[dict] = []
+    run = run_plan(plan_for("openenv_calc"), hooks=trained_of(trained))
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_accounted(run)
+    assert run.counts["episode_turns"] > run.counts["episodes"] > 0  # the OpenEnv step ran between turns
+    tool_users = [t for t in trained if len(t["turn_starts"]) > 1]
+    assert tool_users and all("</calc>=" in t["completion"] for t in tool_users)  # its Observation, as text
+    rubric = registry.resolve("reward", "openenv:rlflow.stages.openenv_calc:CalcEnv")
+    for t in trained:  # the reward stage scored with the environment's rubric
+        assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])
+
+
+def test_a_verifiers_rubric_scores_a_run_from_a_datasets_directory(ray_cluster, workdir):
+    from rlflow import registry
+    from rlflow.stages.tasks import calc
+
+    rows = calc(seed=3, count=64)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([{"question": r["prompt"], "solution": r["answer"]}
+                                                              for r in rows])}).save_to_disk("calc_dir")
+    trained: list[dict] = []
+    plan = plan_for("verifiers_calc", f"data.source={Path('calc_dir').resolve()}", "data.split=train",
+                    "data.prompt_field=question", "data.answer_field=solution", "stages.train.steps=2")
+    run = run_plan(plan, hooks=trained_of(trained))
+    assert [h["step"] for h in run.history] == [1, 2]
+    assert_accounted(run)
+    prompts = {r["prompt"] for r in rows}
+    assert trained and all(t["prompt"] in prompts and t["row"]["solution"] == t["answer"] for t in trained)
+    rubric = registry.resolve("reward", "verifiers:rlflow.stages.verifiers_calc:load_taskset")
+    for t in trained:  # the verifiers Task's @vf.reward, through the adapter
+        assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])
