@@ -66,10 +66,12 @@ def gpus_given(plan: dict | Plan) -> int | None:
 
 
 def import_strings(spec: Pipeline) -> list[str]:
-    """The `module:attr` references of a pipeline (rewards, filters, rankers, engines)."""
+    """The `module:attr` references of a pipeline (rewards, filters, rankers, engines, tools)."""
     refs = [getattr(s, "fn", None) or getattr(s, "engine", None) for s in spec.stages.values()]
     refs += [getattr(e.policy, "filter", None) or getattr(e.policy, "ranker", None) for e in spec.edges]
-    return [r for r in refs if r and ":" in r and not r.startswith("builtin:")]
+    # chat-form tools (a string, or a schema dict's fn): imported in the rollout workers
+    refs += [t if isinstance(t, str) else t.get("fn") for s in spec.stages.values() for t in getattr(s, "tools", None) or []]
+    return [r for r in refs if isinstance(r, str) and ":" in r and not r.startswith("builtin:")]
 
 
 def write_plan(plan: dict, out: str | Path = DEFAULT_PLAN) -> tuple[Path, Path]:

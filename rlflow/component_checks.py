@@ -17,6 +17,7 @@ from rlflow.data_sources import is_table
 from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
 from rlflow.schema import DATA_NODE, Pipeline
+from rlflow.tool_checks import check_tool_stage, check_tools_template
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # or a `datasets` directory
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -63,7 +64,12 @@ def _shipped(ref: str) -> list[Path]:
 
 
 def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
-    """Multi-turn settings of a rollout stage (rlflow/runtime/episodes.py): an environment, reached by stop strings."""
+    """Multi-turn settings of a rollout stage (rlflow/runtime/episodes.py): an environment, reached by stop strings;
+    or tools in chat form (rlflow/tool_checks.py)."""
+    check_tool_stage(stage, loc, problems)
+    if stage.env is None and stage.tools:
+        _check_turn_budget(stage, loc, problems)
+        return
     if stage.env is None:
         if stage.max_turns > 1 or stage.max_turn_tokens is not None or stage.env_kwargs:
             field = "max_turns" if stage.max_turns > 1 else "max_turn_tokens" if stage.max_turn_tokens else "env_kwargs"
@@ -88,6 +94,10 @@ def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
         problems.append(Problem(loc + ("max_turns",), f"env '{stage.env}' with max_turns {stage.max_turns}: the episode "
                                 "ends before the environment's observation is ever read", "env-needs-turns",
                                 "set max_turns to 2 or more (a tool call and the answer after it)"))
+    _check_turn_budget(stage, loc, problems)
+
+
+def _check_turn_budget(stage, loc: tuple, problems: list[Problem]) -> None:
     if stage.max_turn_tokens is not None and stage.max_turn_tokens > stage.max_new_tokens:
         problems.append(Problem(loc + ("max_turn_tokens",), f"max_turn_tokens {stage.max_turn_tokens} exceeds "
                                 f"max_new_tokens {stage.max_new_tokens}, the whole episode's budget",
@@ -174,6 +184,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
         positions, template = _positions(config), has_chat_template(path)
     _check_model_len(spec, positions, problems)
     _check_chat_template(spec, template, problems)
+    check_tools_template(spec, template, problems)
 
 
 #: whether a built-in model's tokenizer has a chat template (known without building it)

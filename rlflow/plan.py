@@ -20,6 +20,7 @@ from rlflow.plan_read import stage_length_law
 from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
+from rlflow.tool_checks import tiny_template
 from rlflow.version import __version__
 
 PLAN_VERSION = 2
@@ -94,8 +95,15 @@ def _tasks_of(tasks: dict[str, dict], role: str, stage: str) -> list[str]:
     return [t for t, route in tasks.items() if route[role] == stage]
 
 
-def _episode(stage) -> dict:
-    """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py); nothing for single-turn ones."""
+def _episode(spec: Pipeline, name: str, tasks: dict[str, dict]) -> dict:
+    """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py; with tools, chat_episodes.py);
+    nothing for single-turn ones."""
+    stage = spec.stages[name]
+    if stage.tools:  # chat form: the system prompt of each task it serves that has one goes into its conversation
+        system = {t: route["system_prompt"] for t, route in tasks.items()
+                  if route["rollout"] == name and route.get("system_prompt") is not None}
+        return {"episode": {"env": None, "tools": list(stage.tools), "tool_parser": stage.tool_parser,
+                            "max_turns": stage.max_turns, "chat_template": tiny_template(spec), "system_prompts": system}}
     if stage.env is None:
         return {}
     return {"episode": {"env": stage.env, "env_kwargs": dict(stage.env_kwargs), "max_turns": stage.max_turns}}
@@ -129,7 +137,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources), **_episode(s), **_elastic(s)})
+                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
@@ -223,7 +231,7 @@ def _evaluator(spec: Pipeline, tasks: dict[str, dict], base_dir: Path, every: in
         engine_kwargs["max_turn_tokens"] = first.max_turn_tokens
     engine_kwargs |= vllm_settings(spec, rollouts[0])  # its GPUs are the first rollout stage's
     engine_kwargs |= lora_kwargs(spec)
-    return {**_episode(first), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
+    return {**_episode(spec, rollouts[0], tasks), "name": "evaluator", "role": "evaluator", "stage": rollouts[0], "engine": first.engine,
             "num_cpus": first.num_cpus, "num_gpus": first.num_gpus, "resources": dict(first.resources),
             "engine_kwargs": engine_kwargs, "every": every, "size": d.eval_size, "k": d.eval_k, "seed": d.seed,
             "tasks": per_task}

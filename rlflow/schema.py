@@ -272,6 +272,14 @@ class RolloutStage(Strict):
     max_turn_tokens: PositiveInt | None = None
     """Tokens one turn may generate (default: no per-turn limit); `max_new_tokens` bounds the whole episode,
     environment segments included."""
+    tools: list[str | dict[str, Any]] = Field(default_factory=list)
+    """Multi-turn tool calling in chat form (instead of `env`): each tool an import string `package.module:function`
+    or `builtin:calculator` (its signature and docstring give the schema), or an OpenAI function schema with `fn`,
+    the import string of the function that runs it. The conversation is the model's chat template with the schemas;
+    each turn's calls run and their results come back as `tool` messages (not trained). docs/guides/tool-calling.md"""
+    tool_parser: str | None = None
+    """With `tools`: the model's tool-call format, `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen,
+    Hermes, SmolLM2) or `json` (the turn is one function-call JSON object, Llama 3.1-style)."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
     num_gpus: NonNegFloat | None = None

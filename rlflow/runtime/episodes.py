@@ -33,7 +33,7 @@ class Episodes:
     """The environments of one rollout instance's open episodes, and the trajectories waiting on them."""
 
     def __init__(self, env_cls, env_kwargs: dict, *, max_turns: int, tokenizer, max_new_tokens: int,
-                 stop: tuple[str, ...], threads: int = 8):
+                 stop: tuple[str, ...], threads: int = 8, form=None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.env_cls, self.env_kwargs = env_cls, dict(env_kwargs)
@@ -41,6 +41,7 @@ class Episodes:
         self.envs: dict[str, Environment] = {}  # traj id -> its episode's environment (open episodes here)
         self.waiting: dict[str, tuple[Trajectory, Future, float]] = {}  # on their environment: (traj, step, since)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env")
+        self.form = form  # chat form (runtime/chat_episodes.py ChatForm); None: raw text, tool calls by stop strings
 
     # ------------------------------------------------------------------ routing
     def begin(self, traj: Trajectory) -> None:
@@ -51,6 +52,8 @@ class Episodes:
             self.envs[tid] = pickle.loads(base64.b64decode(traj.env_state))
             traj.env_state = ""
         elif not traj.completion_ids:
+            if self.form:
+                self.form.begin(traj)
             env = self.env_cls(**self.env_kwargs)
             self.envs[tid] = env
             traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
@@ -63,13 +66,23 @@ class Episodes:
         """A turn finished on the engine. True: it went to its environment (a tool call with turns left);
         False: the episode is over and the trajectory is final."""
         action = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
-        tool_call = traj.finish_reason == "stop" and any(s in action for s in self.stop)
         env = self.envs.get(traj.traj_id)
-        if env is None or not tool_call or len(traj.turn_starts) >= self.max_turns:
+        if env is None or not self._is_call(traj, action) or len(traj.turn_starts) >= self.max_turns:
             self._close(traj)
             return False
-        self.waiting[traj.traj_id] = (traj, self.pool.submit(env.step, action), time.monotonic())
+        turn = list(traj.completion_ids[traj.turn_start:])
+        self.waiting[traj.traj_id] = (traj, self.pool.submit(self._step, env, action, turn), time.monotonic())
         return True
+
+    def _is_call(self, traj: Trajectory, action: str) -> bool:
+        """Whether a finished turn is a tool call: it ended at one of the stop strings (chat form: the parser's)."""
+        if self.form:
+            return self.form.is_call(traj, action)
+        return traj.finish_reason == "stop" and any(s in action for s in self.stop)
+
+    def _step(self, env: Environment, action: str, turn_ids: list[int]) -> EnvStep:
+        """The environment's step for a turn (on the thread pool): text, or token ids in chat form."""
+        return self.form.step(env, action, turn_ids) if self.form else env.step(action)
 
     def ready(self, wait_s: float = 0.0) -> list[Trajectory]:
         """Trajectories whose environment step is done, each with its observation appended and its next turn
@@ -148,11 +161,12 @@ class Episodes:
         traj.finish_reason = ""
         return traj
 
-    def _append(self, traj: Trajectory, text: str) -> bool:
-        """Append `text` as an environment segment; False when it did not fit in max_new_tokens (cut to fit)."""
+    def _append(self, traj: Trajectory, text: str | list[int]) -> bool:
+        """Append `text` as an environment segment; False when it did not fit in max_new_tokens (cut to fit).
+        A list is token ids already (chat-form episodes: the template's tokens, runtime/chat_episodes.py)."""
         generated = len(traj.completion_ids) - len(traj.loss_mask)
         traj.loss_mask.extend([1] * generated)  # the turn just generated
-        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        ids = list(text) if isinstance(text, list) else self.tokenizer.encode(text, add_special_tokens=False) if text else []
         room = self.max_new_tokens - len(traj.completion_ids)
         fits = len(ids) < room  # at least one token left for the next turn
         ids = ids[:max(0, room)]
@@ -180,8 +194,14 @@ def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episod
 
     from rlflow import registry
 
-    return Episodes(registry.resolve("env", episode["env"]), episode.get("env_kwargs", {}),
-                    max_turns=episode["max_turns"], tokenizer=AutoTokenizer.from_pretrained(model_dir),
+    tokenizer, form = AutoTokenizer.from_pretrained(model_dir), None
+    if episode.get("tools"):  # chat form: tool calls parsed, observations in the chat template's tokens
+        from rlflow.runtime.chat_episodes import ChatForm
+
+        form = ChatForm(episode, tokenizer)
+    return Episodes(form.env_cls if form else registry.resolve("env", episode["env"]),
+                    form.env_kwargs if form else episode.get("env_kwargs", {}),
+                    max_turns=episode["max_turns"], tokenizer=tokenizer, form=form,
                     max_new_tokens=engine_kwargs["max_new_tokens"], stop=tuple(engine_kwargs.get("stop", ())),
                     # one thread per trajectory the engine may run, so a slow (I/O-bound) tool never queues behind
                     # others; CPU-bound ones (the sandbox) share the cores either way

@@ -45,8 +45,8 @@ def not_simulable(plan: dict | Plan) -> str | None:
                        f"dispatch {pc.dispatch['kind']})")
         if stage.get("elastic"):
             why.append(f"{name} is elastic")
-        if stage.get("env") and stage.get("max_turns", 1) > 1:
-            why.append(f"{name} runs multi-turn episodes (env {stage['env']!r}, max_turns {stage['max_turns']})")
+        if (stage.get("env") or stage.get("tools")) and stage.get("max_turns", 1) > 1:
+            why.append(f"{name} runs multi-turn episodes (env {stage.get('env') or 'tools'!r}, max_turns {stage['max_turns']})")
         syncs[name] = f"{pc.sync}{'' if pc.partial_rollout else ' without partial rollout'}"
         if pc.profile:
             profiles[name] = pc.profile
@@ -97,7 +97,7 @@ def profile_or_default(profile: str | None, notes: list[str], hint: str = "pass 
 
 def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
     """turns / env_latency_s / env_latency: the workload block's, else read off the rollout stage's environment."""
-    env, kwargs = rollout.get("env"), rollout.get("env_kwargs") or {}
+    env, kwargs = rollout.get("env") or ("tools" if rollout.get("tools") else None), rollout.get("env_kwargs") or {}
     turns, latency_s, law = w.get("turns"), w.get("env_latency_s"), w.get("env_latency")
     read = []  # what came from the stage rather than the workload block
     if turns is None:
