@@ -102,3 +102,13 @@ def dies_or_hangs_on(completion: str, answer: str) -> float:
     while completion == "hang":
         time.sleep(1)
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def records(completion: str, answer: str, prompt: str, row: dict) -> float:
+    """0.0, after appending {prompt, completion, answer} as a JSON line to row["probe"]: with weight 0 beside a reward
+    model or judge, a record of every text the stage scored (one line per call; a short O_APPEND write is atomic)."""
+    import json
+
+    with open(row["probe"], "a") as f:
+        f.write(json.dumps({"prompt": prompt, "completion": completion, "answer": answer}) + "\n")
+    return 0.0
