@@ -151,13 +151,15 @@ def _lower_part(part, base_dir: Path, resolve) -> dict:
 
 
 def reward_settings(stage: dict) -> str:
-    """A reward stage's line in `rlflow compile`'s summary: fn=exact_match, or its weighted parts and batch size."""
-    parts = [p for p in (stage.get("scorers") or []) if p]
-    if not stage.get("scorers") and stage.get("fn"):
+    """A reward stage's line in `rlflow compile`'s summary (the plan's stage): fn=exact_match, or its (weighted)
+    scorers and batch size."""
+    if stage.get("fn") and not stage.get("scorers"):
         return f"fn={stage['fn']}"
+    parts = stage.get("scorers") or [{k: stage[k] for k in SCORER_FIELDS if stage.get(k)}]
     shown = []
     for p in parts:
         what = (f"fn={p['fn']}" if p.get("fn") else f"model={p['model']}" if p.get("model") else
-                f"judge={p['judge']['model']} verdict={p['judge']['verdict']}" if p.get("judge") else f"http={p['http']['url']}")
-        shown.append(what if p.get("weight", 1.0) == 1.0 and len(parts) == 1 else f"{p.get('weight', 1.0):g} x {what}")
+                f"judge={p['judge']['model']} verdict={p['judge']['verdict']}" if p.get("judge") else
+                f"http={p['http']['url']}" if p.get("http") else "nothing")
+        shown.append(what if len(parts) == 1 else f"{p.get('weight', 1.0):g} x {what}")
     return " + ".join(shown) + (f" batch_size={stage['batch_size']}" if stage.get("batch_size") else "")
