@@ -71,6 +71,9 @@ def import_strings(spec: Pipeline) -> list[str]:
     refs += [getattr(e.policy, "filter", None) or getattr(e.policy, "ranker", None) for e in spec.edges]
     # chat-form tools (a string, or a schema dict's fn): imported in the rollout workers
     refs += [t if isinstance(t, str) else t.get("fn") for s in spec.stages.values() for t in getattr(s, "tools", None) or []]
+    # a reward stage's weighted parts and its held-out reward (rlflow/reward_scorers.py): imported in the reward actors
+    refs += [p.fn for s in spec.stages.values() for p in getattr(s, "scorers", None) or []]
+    refs += [getattr(s, "eval_fn", None) for s in spec.stages.values()]
     return [r for r in refs if isinstance(r, str) and ":" in r and not r.startswith("builtin:")]
 
 

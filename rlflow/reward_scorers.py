@@ -48,6 +48,8 @@ def check_reward_stage(spec, name: str, stage, base_dir: Path, problems: list[Pr
                                         "give it exactly one of fn, model, judge, http (and a weight)"))
                 continue
             _check_part(spec, part, here, base_dir, problems, component, resolve)
+    if stage.eval_fn is not None:
+        component(problems, "reward", stage.eval_fn, loc + ("eval_fn",))
     if spec.data.eval is not None and stage.function_reward() is None:
         problems.append(Problem(loc, f"data.eval scores held-out rows with a reward function, and reward stage '{name}' "
                                 "has none", "eval-needs-reward-fn", "add eval_fn: <a reward function> to the stage, "
