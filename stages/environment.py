@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 
 class EnvStep(NamedTuple):
-    observation: str  # appended after the action (not trained); ignored when done
+    observation: str  # appended after the action (not trained); ignored when done (chat form: tool messages)
     reward: float = 0.0
     done: bool = False
 

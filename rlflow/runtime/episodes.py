@@ -10,7 +10,9 @@ completion so far, re-prefilled). The driver hears of the trajectory once, when 
 buffer, ledger and staleness bound see one trajectory as for single-turn rollouts; V_traj is the oldest
 version over all its turns (RolloutEngine.begin_segment stamps every segment).
 
-The environment contract is in stages/environment.py.
+The environment contract is in stages/environment.py. A stage with `tools:` runs the same loop in chat form
+(runtime/chat_episodes.py ChatForm): the parser decides which turns are calls, and observations arrive as the chat
+template's token ids rather than text.
 """
 
 from __future__ import annotations

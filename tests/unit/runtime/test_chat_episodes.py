@@ -1,6 +1,7 @@
-"""Chat-form tool calling (rlflow/runtime/chat_episodes.py, through runtime/episodes.py) on real engines, hf and vllm: the trained token ids are
-exactly the generated ones, turn by turn. A tiny model is first taught the Hermes format on calculator transcripts
-(a few seconds of supervised steps), so its episodes call the tool; the test records what the engine hands back at
+"""Chat-form tool calling (rlflow/runtime/chat_episodes.py, through runtime/episodes.py) on real engines, hf and
+vllm: the trained token ids are exactly the generated ones, turn by turn. A tiny model is first taught the Hermes
+format (tests/tool_model.py: a few seconds of supervised steps; the template is its tokenizer's own), so its episodes
+call the tool; the test records what the engine hands back at
 the end of every turn and compares it with the trajectory's segments of loss mask 1, and checks the segments of mask
 0 are the chat template's tokens for the tool messages (stages/chat_template.py), the prompt the template's too."""
 
@@ -15,51 +16,23 @@ transformers = pytest.importorskip("transformers")
 
 from engine_helpers import trajectories  # noqa: E402
 from test_episodes import run_episodes  # noqa: E402
+from tool_model import TOOLS, teach_tool_format  # noqa: E402
 
 from rlflow.runtime.episodes import episodes_for  # noqa: E402
 from rlflow.stages import tasks  # noqa: E402
 from rlflow.stages.chat_template import TINY_TOOL_TEMPLATE, ChatRenderer  # noqa: E402
-from rlflow.stages.tiny_model import build_tiny_llama  # noqa: E402
 from rlflow.stages.tools import ToolBox, load_tools  # noqa: E402
 
-TOOLS = ["builtin:calculator"]
 MAX_NEW, MAX_LEN, TEMPERATURE = 128, 384, 0.6
-EPISODE = {"env": None, "tools": TOOLS, "tool_parser": "hermes", "max_turns": 3, "chat_template": TINY_TOOL_TEMPLATE}
-
-
-def call_text(expr: str) -> str:
-    return '<tool_call>{"name": "calculator", "arguments": {"expression": "' + expr + '"}}</tool_call>'
+EPISODE = {"env": None, "tools": TOOLS, "tool_parser": "hermes", "max_turns": 3, "chat_template": None}  # its own
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory):
-    """The calc tiny model after a few supervised steps on chat transcripts: call the calculator, then answer."""
-    base = build_tiny_llama("calc", progress=lambda line: None)
-    tok = transformers.AutoTokenizer.from_pretrained(base)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base)
-    renderer = ChatRenderer(tok, load_tools(TOOLS)[0], TINY_TOOL_TEMPLATE)
-    examples = []
-    for row in tasks.calc(5, 8):  # one call for every prompt: the format is what is taught, not arithmetic
-        call = tok.encode(call_text("2+2"), add_special_tokens=False) + [tok.eos_token_id]
-        obs = renderer.observation_ids(call, [{"role": "tool", "name": "calculator", "content": "4"}])
-        answer = tok.encode("A=4", add_special_tokens=False) + [tok.eos_token_id]
-        prompt = renderer.prompt_ids(row["prompt"])
-        examples.append((prompt + call + obs + answer, [0] * len(prompt) + [1] * len(call) + [0] * len(obs) + [1] * len(answer)))
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i, _ in examples])
-    labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in examples])
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(120):
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    out = tmp_path_factory.mktemp("tool-model")
-    model.eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out), renderer
+    """The calc tiny model taught the Hermes format (tests/tool_model.py), and the renderer of its conversations."""
+    model_dir = teach_tool_format(tmp_path_factory.mktemp("tool-model"))
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return str(model_dir), ChatRenderer(tok, load_tools(TOOLS)[0], TINY_TOOL_TEMPLATE)
 
 
 def make_engine(name: str, model_dir: str):

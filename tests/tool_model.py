@@ -1,0 +1,47 @@
+"""A tiny model that knows the Hermes tool-call format, for the chat-form tool-calling tests (unit: token identity on
+both engines; integration: a run with tool calls). The calc tiny model is taught, in a few seconds of supervised
+steps, to answer every chat prompt with one calculator call and then `A=4` after the tool's reply; the directory is
+saved with stages/chat_template.py's template as its tokenizer's own (a model with a template, as a user's would be)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TOOLS = ["builtin:calculator"]
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
+
+
+def teach_tool_format(out: Path, steps: int = 120) -> Path:
+    import torch
+    import transformers
+
+    from rlflow.stages import tasks
+    from rlflow.stages.chat_template import TINY_TOOL_TEMPLATE, ChatRenderer
+    from rlflow.stages.tiny_model import build_tiny_llama
+    from rlflow.stages.tools import load_tools
+
+    base = build_tiny_llama("calc", progress=lambda line: None)
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    renderer = ChatRenderer(tok, load_tools(TOOLS)[0], TINY_TOOL_TEMPLATE)
+    call = tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]
+    obs = renderer.observation_ids(call, [{"role": "tool", "name": "calculator", "content": "4"}])
+    answer = tok.encode("A=4", add_special_tokens=False) + [tok.eos_token_id]
+    examples = []
+    for row in tasks.calc(5, 8):  # one call for every prompt: the format is what is taught, not arithmetic
+        prompt = renderer.prompt_ids(row["prompt"])
+        examples.append((prompt + call + obs + answer, [0] * len(prompt) + [1] * len(call) + [0] * len(obs) + [1] * len(answer)))
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i, _ in examples])
+    labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in examples])
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval().save_pretrained(out)
+    tok.chat_template = TINY_TOOL_TEMPLATE
+    tok.save_pretrained(out)
+    return out
