@@ -137,7 +137,9 @@ def _score(model_dir: Path, plan: dict | None, *, engine: str, **options) -> Non
               + f", reward {t['reward_fn']}, max_new_tokens {t['max_new_tokens']}, temperature {t['temperature']:g}")
     if settings.get("episode"):
         e = settings["episode"]
-        print(f"episodes as in the run: env {e['env']}, up to {e['max_turns']} turns, stop {settings['stop']}")
+        how = (f"tools {', '.join(map(str, e['tools']))} ({e['tool_parser']} calls, chat form)" if e.get("tools")
+               else f"env {e['env']}")
+        print(f"episodes as in the run: {how}, up to {e['max_turns']} turns, stop {settings['stop']}")
     elif settings.get("stop"):
         print(f"stop strings as in the run: {settings['stop']}")
     metrics = run_eval(str(model_dir), tasks, settings, engine=engine)
