@@ -116,15 +116,27 @@ def _check_url(url: str, loc, problems) -> None:
 
 
 def check_reward_gpus(spec, count) -> list[Problem]:
-    """A reward stage's num_gpus on a cluster counted (devices.gpu_count) with none: rule no-gpus, as rollout and
-    train stages get."""
-    if count.gpus != 0:
+    """A reward stage's num_gpus against the cluster counted (devices.gpu_count): on one without GPUs, rule no-gpus
+    as rollout and train stages get; else cluster-too-small when the GPUs the rollout and train stages are placed on
+    leave too few for the reward actors (their actor pool would wait for a GPU that never frees)."""
+    asked = {n: s.num_gpus * s.concurrency for n, s in spec.stages.items() if s.kind == "reward" and s.num_gpus > 0}
+    if not asked or count.gpus is None:
         return []
-    counted_by = count.counted_by
-    return [Problem(("stages", n, "num_gpus"), f"asks for {s.num_gpus:g} GPU(s) per reward worker, but the cluster has "
-                    f"none ({counted_by})", "no-gpus", "remove num_gpus (the reward model runs on CPU), or compile for "
-                    "the machine that has them: rlflow compile PIPELINE --gpus N")
-            for n, s in spec.stages.items() if s.kind == "reward" and s.num_gpus > 0]
+    if count.gpus == 0:
+        return [Problem(("stages", n, "num_gpus"), f"asks for {spec.stages[n].num_gpus:g} GPU(s) per reward worker, "
+                        f"but the cluster has none ({count.counted_by})", "no-gpus", "remove num_gpus (the reward "
+                        "model runs on CPU), or compile for the machine that has them: rlflow compile PIPELINE --gpus N")
+                for n in asked]
+    from rlflow.devices import place
+
+    used = place(spec, count)[0].used
+    if used + sum(asked.values()) <= count.gpus + 1e-9:
+        return []
+    parts = ", ".join(f"{n} {spec.stages[n].concurrency} x {spec.stages[n].num_gpus:g}" for n in asked)
+    return [Problem(("stages", next(iter(asked)), "num_gpus"), f"the reward actors ask for {sum(asked.values()):g} GPU(s) "
+                    f"({parts}) and the rollout and train stages are placed on {used:g} of the cluster's {count.gpus} "
+                    f"({count.counted_by})", "cluster-too-small", "declare num_gpus on the rollout and train stages to "
+                    "leave GPUs for the reward, or lower the reward's num_gpus or concurrency (fractions share a GPU)")]
 
 
 def lowered(stage, base_dir: Path, resolve) -> list[dict]:
