@@ -2,7 +2,8 @@
 model, judge or endpoint and the way out, and the plan's list of weighted scorers (`scorers` of its reward operator).
 
 Rules: reward-needs-scorer, reward-scorers-ambiguous, bad-reward-model, bad-judge-model, judge-template,
-unknown-verdict-rule, bad-reward-url, eval-needs-reward-fn, and no-gpus for a reward stage's num_gpus.
+unknown-verdict-rule, bad-reward-url, eval-needs-reward-fn, and no-gpus / cluster-too-small for a reward
+stage's num_gpus.
 Reads config files only: no torch here.
 """
 
