@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlflow import registry
 from rlflow.data_head import head_problem
-from rlflow.data_sources import is_table
+from rlflow.data_sources import generated, is_table
 from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
 from rlflow.schema import DATA_NODE, Pipeline
@@ -330,9 +330,13 @@ def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem],
                   split: str | None = None, prompt_format: str = "raw") -> None:
     """A builtin task that exists, or a prompt file (or `datasets` directory: rlflow/data_sources.py) that exists and
     whose first rows have both `fields`."""
-    path = None if src.startswith("builtin:") else resolve_path(src, base_dir)
-    if src.startswith("builtin:"):
+    path = None if generated(src) else resolve_path(src, base_dir)
+    if generated(src):  # builtin:<task>, or a taskset through an adapter (verifiers:...): its first rows checked
+        before = len(problems)
         component(problems, "task", src, loc)
+        if len(problems) == before and not src.startswith("builtin:") and (
+                problem := head_problem(src, fields, name=src, prompt_format=prompt_format)):
+            problems.append(Problem(loc, *problem))
     elif path is None and (src.endswith(DATA_SUFFIXES) or not Path(src).suffix):
         problems.append(Problem(loc, f"no such data file '{src}'", "missing-file", "check the path (relative to the pipeline file)"))
     elif not (src.endswith(DATA_SUFFIXES) or (path is not None and path.is_dir())):
@@ -341,7 +345,7 @@ def _check_source(src: str, loc: tuple, base_dir: Path, problems: list[Problem],
                                 "builtin tasks: " + ", ".join(registry.builtin_names("task"))))
     elif problem := head_problem(path, fields, name=src, split=split, prompt_format=prompt_format):
         problems.append(Problem(loc, *problem))
-    if split is not None and (src.startswith("builtin:") or (path is not None and not is_table(path))):
+    if split is not None and (generated(src) or (path is not None and not is_table(path))):
         problems.append(Problem(loc[:-1] + ("split",), f"split {split!r} names a split of a `datasets` directory, but "
                                 f"'{src}' is not one", "bad-split", "remove split"))
 

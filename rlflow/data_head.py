@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlflow.data_sources import TableProblem, column_types_problem, is_table, read_table
+from rlflow.data_sources import TableProblem, column_types_problem, generated, is_table, read_table
 from rlflow.prompt_rows import row_problem as row_problem  # re-exported: the rule every reader judges a row by
 from rlflow.prompt_rows import row_problem_as
 
@@ -46,6 +46,8 @@ def head_problem(path: str | Path, fields: tuple[str, str], rows: int | None = N
     prompt_format messages the prompt column holds chats (prompt_rows.row_problem_as)."""
     rows = rows or HEAD_ROWS
     shown = name or str(path)
+    if generated(path):
+        return _generated_head(str(path), fields, rows, prompt_format)
     if is_table(path):
         return _table_head(str(path), fields, rows, shown, split, prompt_format)
     if str(path).endswith(".parquet"):
@@ -174,6 +176,21 @@ def _parquet_head(path: str, fields: tuple[str, str], rows: int, shown: str,
     batch = next(file.iter_batches(batch_size=rows, columns=list(dict.fromkeys(fields))))
     for i, row in enumerate(batch.to_pylist()):
         problem = row_problem_as(row, fields, f"'{shown}' row {i + 1}", prompt_format)
+        if problem:
+            return problem
+    return None
+
+
+def _generated_head(src: str, fields: tuple[str, str], rows: int, prompt_format: str) -> tuple[str, str, str] | None:
+    """The head check of rows made by code (a taskset through an adapter): the first `rows` of them."""
+    from rlflow import registry
+
+    made = registry.resolve("task", src)(seed=0, count=rows)
+    if not made:
+        return no_rows_problem(src)
+    for i, row in enumerate(made[:rows]):
+        problem = (column_problem(src, fields, row) if i == 0 else None) or row_problem_as(
+            row, fields, f"row {i + 1} of {src}", prompt_format)
         if problem:
             return problem
     return None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlflow import registry
+
 ARROW_SUFFIX = ".arrow"
 INSTALL_DATASETS = "pip install datasets (or rlflow's `ecosystem` extra: pip install 'rlflow[ecosystem]')"
 
@@ -23,10 +25,17 @@ class TableProblem(ValueError):
         self.problem = (message, rule, fix)
 
 
+def generated(src: str | Path) -> bool:
+    """Whether a data source's rows are made by code, not read from a file: `builtin:<task>`, or a taskset through
+    an adapter (`verifiers:package.module:load_taskset`, registry.ADAPTERS)."""
+    src = str(src)
+    return src.startswith("builtin:") or registry.adapter_target("task", src) is not None
+
+
 def is_table(src: str | Path) -> bool:
     """Whether a data source names a `datasets` directory or an Arrow file (not builtin:, JSON lines or Parquet)."""
     src = str(src)
-    return not src.startswith("builtin:") and (src.endswith(ARROW_SUFFIX) or Path(src).is_dir())
+    return not generated(src) and (src.endswith(ARROW_SUFFIX) or Path(src).is_dir())
 
 
 def read_table(path: str | Path, split: str | None = None, shown: str | None = None):

@@ -50,14 +50,15 @@ ENVS = {
     "python": "rlflow.stages.env_python:PythonTool",
 }
 
-# Environments and rewards written for other libraries, through an adapter: `<library>:package.module:attr`
-# (e.g. env: "openenv:my_pkg.envs:GuessEnv", fn: "verifiers:my_pkg.tasks:load_taskset"). Each module's
-# adapt(category, target) returns what the category needs (an env factory, a reward function) or raises ComponentError.
+# Environments, rewards and prompts written for other libraries, through an adapter: `<library>:package.module:attr`
+# (e.g. env: "openenv:my_pkg.envs:GuessEnv", fn: "verifiers:my_pkg.tasks:load_taskset", data.source: the same).
+# Each module's adapt(category, target) returns what the category needs (an env factory, a reward function, a task's
+# row generator) or raises ComponentError.
 ADAPTERS = {
     "verifiers": "rlflow.stages.env_verifiers",
     "openenv": "rlflow.stages.env_openenv",
 }
-ADAPTED = ("env", "reward")  # the categories an adapter serves
+ADAPTED = ("env", "reward", "task")  # the categories an adapter serves
 
 CATEGORIES = {
     "engine": ENGINES,

@@ -36,6 +36,12 @@ NOT_TEXT = ("done", "reward", "metadata")  # Observation fields that are not the
 def adapt(category: str, target: str):
     """The env factory or reward function for an `openenv:` reference (registry.ADAPTERS); ComponentError when the
     target is not an OpenEnv Environment that takes text."""
+    from rlflow.registry import ComponentError
+
+    if category == "task":
+        raise ComponentError(f"'openenv:{target}' has no prompts to read: an OpenEnv environment is stepped, not read; "
+                             "give data.source a builtin task or a file, and the environment to the rollout stage's "
+                             "env", "openenv-has-no-rows")
     env_class(target)  # imports and checks it now: compile names the problem
     return functools.partial(OpenEnvEpisode, target) if category == "env" else OpenEnvReward(target)
 

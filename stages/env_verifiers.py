@@ -1,4 +1,5 @@
-"""`verifiers` environments' rubrics as rewards: `fn: "verifiers:package.module:load_taskset"`.
+"""`verifiers` environments' rubrics as rewards and their tasksets as prompts: `verifiers:package.module:load_taskset`
+as a reward stage's `fn`, or as `data.source`.
 
 A verifiers (v1, >= 0.4) environment is a Taskset (rows -> typed Tasks) plus the agents that play it. A Task scores
 a finished rollout's Trace with its `@vf.reward` methods and plugged judges, each weighted: that is its rubric.
@@ -6,6 +7,10 @@ The adapter builds the Task for an rlflow row (the TaskData fields the row has, 
 wraps the completion as a one-turn Trace (the prompt as the user message, the completion as the sampled assistant
 reply) and returns `trace.reward`, the weighted sum verifiers itself reports. Rewards that need a sandbox runtime
 are skipped, as verifiers skips them when scoring offline.
+
+As `data.source`, the taskset's tasks are the rows, in its order: each TaskData's fields (`prompt`: its text, or the
+chat as a list of {role, content} for prompt_format messages; `answer` and the other fields its type declares), the
+runtime plumbing (image, resources, timeouts, ...) left out. The reward then rebuilds the very Task from its row.
 
 The target is a Taskset, a Taskset class, a verifiers Env (its `.taskset`), or a function returning one of these
 (a package's `load_taskset` / `load_environment`).
@@ -19,9 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import threading
 
 INSTALL = "pip install verifiers (or rlflow's `ecosystem` extra: pip install 'rlflow[ecosystem]')"
+#: TaskData fields about running a task in a sandbox, not about the prompt: left out of the rows
+PLUMBING = {"image", "workdir", "agent_user", "skills", "network_allow", "network_block", "artifacts",
+            "artifact_max_bytes", "timeout", "resources"}
 
 
 def adapt(category: str, target: str):
@@ -34,7 +43,18 @@ def adapt(category: str, target: str):
                              "stepped turn by turn; score with its rubric instead (a reward stage with fn: "
                              f"\"verifiers:{target}\"), or give the stage an rlflow env", "verifiers-env-not-steppable")
     taskset(target)  # imports it and checks its type now: compile names the problem
-    return VerifiersReward(target)
+    return functools.partial(taskset_rows, target) if category == "task" else VerifiersReward(target)
+
+
+def taskset_rows(target: str, seed: int = 0, count: int | None = None) -> list[dict]:
+    """The first `count` tasks of the taskset as rows (its own order: the prompt stream shuffles them with `seed`)."""
+    rows = []
+    for task in itertools.islice(iter(taskset(target)), count):
+        row = task.data.model_dump(mode="json", exclude_none=True, exclude=PLUMBING)
+        if not isinstance(task.data.prompt, str) and task.data.prompt is not None:  # a chat
+            row["prompt"] = [{"role": m["role"], "content": m.get("content") or ""} for m in row["prompt"]]
+        rows.append(row)
+    return rows
 
 
 @functools.cache

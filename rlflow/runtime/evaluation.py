@@ -24,6 +24,7 @@ from pathlib import Path
 
 import ray
 
+from rlflow.data_sources import generated
 from rlflow.plan_model import EvaluatorActor, Plan
 from rlflow.prompt_rows import (
     BUILTIN_TASK_ROWS,
@@ -89,8 +90,13 @@ def read_file(path: str, loc: tuple[str, ...] = ("data", "eval"), prefix: str = 
     .arrow file, in file order ("'p.jsonl' line 7"); a line that is not a JSON object is invalid input naming its
     line (data_head.py words it as the head check does), at pipeline location `loc`."""
     from rlflow.data_head import READ_FIX, _json_lines
-    from rlflow.data_sources import TableProblem, is_table, read_table
+    from rlflow.data_sources import TableProblem, generated, is_table, read_table
 
+    if generated(path):  # a taskset through an adapter (verifiers:...): its rows in order
+        from rlflow import registry
+
+        yield from ((f"row {i + 1} of {path}", row) for i, row in enumerate(registry.resolve("task", path)(seed=0)))
+        return
     if is_table(path):
         try:
             table = read_table(path, split)
@@ -141,7 +147,7 @@ def held_out_rows(task: dict, *, size: int, seed: int) -> list[dict]:
     src, frac = task["source"], task.get("holdout")
     pf, af = task.get("prompt_field", "prompt"), task.get("answer_field", "answer")
     fmt = task.get("prompt_format") or "raw"
-    if src.startswith("builtin:"):
+    if generated(src):
         count = task.get("limit") or max(BUILTIN_TASK_ROWS, math.ceil(2 * size / (frac or 1)))
         rows = ((f"row {i + 1} of {src}", r) for i, r in enumerate(registry.resolve("task", src)(seed=seed, count=count)))
     else:

@@ -107,7 +107,8 @@ def warm_start_of(plan: Plan) -> tuple[str, list[dict] | None]:
                 bad_row(problem, t.source, ("data", "source"), "")
             prompt = str(row[t.prompt_field])
             if not (t.holdout and held_out(prompt, t.holdout)):
-                rows.append({"prompt": prompt, "answer": str(row[t.answer_field])})
+                demo = {"demo": row["demo"]} if isinstance(row.get("demo"), str) else {}  # a tool-using transcript
+                rows.append({"prompt": prompt, "answer": str(row[t.answer_field]), **demo})
         parts.append(rows)
     parts += [task_rows(name, plan.pipeline["seed"], WARM_START_ROWS) for name in builtin]
     mixed = [row for group in zip(*parts) for row in group] if len(parts) > 1 else parts[0]

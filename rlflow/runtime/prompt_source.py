@@ -19,7 +19,7 @@ from ray.data import DataContext
 
 from rlflow import registry
 from rlflow.data_head import READ_FIX, column_problem, first_bad, first_row, head_problem, head_rows, no_rows_problem
-from rlflow.data_sources import TableProblem, is_table, read_table
+from rlflow.data_sources import TableProblem, generated, is_table, read_table
 from rlflow.errors import PipelineInvalid, Problem, RunFailed, format_loc
 from rlflow.prompt_rows import (
     BUILTIN_TASK_ROWS,
@@ -113,7 +113,7 @@ class _TaskRows:
         self._first: list | None = []  # the first epoch's rows while there are at most CACHE_ROWS
         self._cached: list | None = None
         src = spec["source"]
-        if not src.startswith("builtin:") and not Path(src).exists():
+        if not generated(src) and not Path(src).exists():
             self.fail(f"no such data file '{src}'", "missing-file", "check the path, then re-run rlflow compile")
 
     def fail(self, message: str, rule: str, fix: str):
@@ -126,7 +126,7 @@ class _TaskRows:
 
     def check_head(self) -> None:
         """The file's first rows (data_head.py): a bad one fails the run before it starts an actor."""
-        problem = None if self.spec["source"].startswith("builtin:") else head_problem(
+        problem = None if generated(self.spec["source"]) else head_problem(
             self.spec["source"], self.fields, split=self.split, prompt_format=self.fmt)
         if problem:
             self.fail(*problem)
@@ -134,7 +134,7 @@ class _TaskRows:
     def _dataset(self):
         src, limit = self.spec["source"], self.spec.get("limit")
         with _stream_context():
-            if src.startswith("builtin:"):
+            if generated(src):  # builtin:<task>, or a taskset through an adapter (verifiers:...)
                 rows = registry.resolve("task", src)(seed=self.seed, count=limit or BUILTIN_TASK_ROWS)
                 ds = ray.data.from_items(rows)
             elif is_table(src):  # a `datasets` directory or an Arrow file: memory-mapped here, put in the object store
@@ -159,7 +159,7 @@ class _TaskRows:
         batches = iter(self._dataset().iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow", prefetch_batches=1,
                                                     local_shuffle_buffer_size=SHUFFLE_WINDOW,
                                                     local_shuffle_seed=self.seed + self.epoch))
-        lines = not self.spec["source"].startswith("builtin:") and Path(self.spec["source"]).suffix != ".parquet" \
+        lines = not generated(self.spec["source"]) and Path(self.spec["source"]).suffix != ".parquet" \
             and not is_table(self.spec["source"]) and not _is_json_array(self.spec["source"])
         try:
             for batch in batches:
@@ -226,7 +226,7 @@ class _TaskRows:
         reading the file, only on an error path): the first row `same` picks, else the first that breaks `rule`;
         else the draw's position."""
         src = self.spec["source"]
-        if not src.startswith("builtin:"):
+        if not generated(src):
             found = first_row(src, same, self.fields, split=self.split) or first_bad(
                 src, self.fields, rule, split=self.split, prompt_format=self.fmt)
             if found:
@@ -267,7 +267,7 @@ def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: d
     this once the model's tokenizer is at hand and before any actor starts (a row past the head is checked when
     drawn). Exit 2 naming the file's line."""
     for name, spec in tasks.items():
-        if spec["source"].startswith("builtin:"):
+        if generated(spec["source"]):  # checked as drawn
             continue
         task = _TaskRows(name, spec, 0, source)
         fmt, budget = spec.get("prompt_format") or "raw", max_new_tokens[name]

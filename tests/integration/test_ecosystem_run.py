@@ -1,6 +1,6 @@
-"""Environments and rubrics from the ecosystem on the real stack, a few steps each: an OpenEnv environment stepped
-between turns through the `openenv:` adapter (pipelines/openenv_calc.yaml), a verifiers taskset's rubric as the
-reward through the `verifiers:` adapter (pipelines/verifiers_calc.yaml), and a `datasets` directory as the source."""
+"""Environments, rubrics and data from the ecosystem on the real stack, a few steps each: an OpenEnv environment
+stepped between turns through the `openenv:` adapter (pipelines/openenv_calc.yaml), a verifiers taskset as the
+prompts and its rubric as the reward (pipelines/verifiers_calc.yaml), and prompts from a `datasets` directory."""
 
 from __future__ import annotations
 
@@ -49,7 +49,22 @@ def test_an_openenv_environment_steps_between_turns_and_its_rubric_scores(ray_cl
         assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])
 
 
-def test_a_verifiers_rubric_scores_a_run_from_a_datasets_directory(ray_cluster, workdir):
+def test_a_verifiers_taskset_gives_the_prompts_and_its_rubric_the_rewards(ray_cluster, workdir):
+    from rlflow import registry
+
+    source = "verifiers:rlflow.stages.verifiers_calc:load_taskset"
+    trained: list[dict] = []
+    run = run_plan(plan_for("verifiers_calc", "stages.train.steps=2"), hooks=trained_of(trained))
+    assert [h["step"] for h in run.history] == [1, 2]
+    assert_accounted(run)
+    tasks = {r["prompt"]: r for r in registry.resolve("task", source)(seed=0)}
+    assert trained and all(tasks[t["prompt"]]["answer"] == t["answer"] for t in trained)  # the taskset's rows
+    rubric = registry.resolve("reward", source)
+    for t in trained:  # the verifiers Task's @vf.reward, through the adapter
+        assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])
+
+
+def test_prompts_from_a_datasets_directory_with_a_split_and_a_column_mapping(ray_cluster, workdir):
     from rlflow import registry
     from rlflow.stages.tasks import calc
 
@@ -65,5 +80,5 @@ def test_a_verifiers_rubric_scores_a_run_from_a_datasets_directory(ray_cluster, 
     prompts = {r["prompt"] for r in rows}
     assert trained and all(t["prompt"] in prompts and t["row"]["solution"] == t["answer"] for t in trained)
     rubric = registry.resolve("reward", "verifiers:rlflow.stages.verifiers_calc:load_taskset")
-    for t in trained:  # the verifiers Task's @vf.reward, through the adapter
+    for t in trained:  # the Task is rebuilt from the mapped row: its answer is the `solution` column
         assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])

@@ -114,3 +114,20 @@ def test_a_verifiers_reference_without_a_taskset_is_named():
     with pytest.raises(registry.ComponentError) as e:
         registry.check_reference("reward", "verifiers:rlflow.stages.tasks:calc")  # a function giving rows, not a taskset
     assert e.value.rule == "not-a-reward"
+
+
+def test_a_verifiers_taskset_as_the_prompts():
+    from rlflow.data_head import head_problem
+    from rlflow.runtime.evaluation import held_out_rows
+
+    rows = registry.resolve("task", VERIFIERS)(seed=0, count=3)
+    assert [sorted(r) for r in rows] == [["answer", "demo", "idx", "prompt"]] * 3  # no sandbox plumbing
+    assert rows[0]["prompt"].endswith("Calc:") and rows[0]["demo"].endswith(f"A={rows[0]['answer']}")
+    assert head_problem(VERIFIERS, ("prompt", "answer")) is None
+    assert head_problem(VERIFIERS, ("question", "answer"))[1] == "bad-data"  # its columns, named at compile
+    held = held_out_rows({"source": VERIFIERS, "holdout": 0.5, "prompt_field": "prompt", "answer_field": "answer"},
+                         size=4, seed=0)
+    assert 0 < len(held) <= 4 and all(r["row"]["answer"] == r["answer"] for r in held)
+    with pytest.raises(registry.ComponentError) as e:  # an environment is stepped, not read
+        registry.check_reference("task", OPENENV)
+    assert e.value.rule == "openenv-has-no-rows"
