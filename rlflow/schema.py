@@ -57,7 +57,7 @@ class TaskSource(Strict):
 
     source: str
     """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet / .arrow file of prompts, or a
-    directory written by `datasets`' save_to_disk."""
+    directory written by `datasets`' save_to_disk, or a verifiers taskset (`verifiers:package.module:load_taskset`)."""
     split: str | None = None
     """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     weight: Annotated[float, Field(gt=0)] = 1.0
@@ -82,7 +82,8 @@ class DataSpec(Strict):
 
     source: str | None = None
     """One task type (named `main`): `builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet /
-    .arrow file of prompts, or a directory written by `datasets`' save_to_disk."""
+    .arrow file of prompts, or a directory written by `datasets`' save_to_disk, or a verifiers taskset
+    (`verifiers:package.module:load_taskset`)."""
     split: str | None = None
     """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     tasks: Annotated[dict[str, TaskSource], Field(min_length=1)] | None = None
@@ -263,8 +264,9 @@ class RolloutStage(Strict):
     That token stays in the completion's ids (trained on, like eos); the text rewards see ends before the stop string."""
     env: str | None = None
     """Multi-turn episodes: an environment (`calculator`, `python`, or `package.module:Class`, a subclass of
-    rlflow.stages.environment.Environment). A turn that ends at one of `stop` is a tool call: the environment's
-    observation is appended (not trained) and the next turn is generated, up to `max_turns` turns."""
+    rlflow.stages.environment.Environment, or an OpenEnv environment `openenv:package.module:Class`). A turn that
+    ends at one of `stop` is a tool call: the environment's observation is appended (not trained) and the next turn
+    is generated, up to `max_turns` turns."""
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment's constructor (e.g. `latency_s` of the built-in ones)."""
     max_turns: PositiveInt = 1
@@ -303,7 +305,8 @@ class RewardStage(Strict):
 
     kind: Literal["reward"]
     fn: str | None = None
-    """Built-in reward name (see `rlflow schema`) or an import string `package.module:function`. A stage sets
+    """Built-in reward name (see `rlflow schema`) or an import string `package.module:function`; a verifiers or OpenEnv
+    rubric through its adapter: `verifiers:package.module:load_taskset`, `openenv:package.module:Class`. A stage sets
     exactly one of fn, model, judge, http and scorers (docs/guides/reward-models.md)."""
     model: str | None = None
     """A Hugging Face sequence-classification directory (one label) or `builtin:tiny-reward`, scored in batches
