@@ -87,37 +87,44 @@ def test_a_reward_model_scores_a_run_beside_a_function(ray_cluster, workdir, mon
     PROBE.unlink(missing_ok=True)
     plan = pipeline(workdir, {"scorers": [{"fn": "exact_match", "weight": 1.0}, {"model": "builtin:tiny-reward", "weight": 0.2},
                                           {"fn": "rewards_for_tests:records", "weight": 0.0}],
-                              "batch_size": 8, "concurrency": 2, "num_cpus": 0.5})
+                              "batch_size": 8, "num_cpus": 0.5})
     r, scored = run(plan)
     assert len(r.history) == 2
     assert_exactly_once(r, scored, 2)
     tok = AutoTokenizer.from_pretrained(build_tiny_reward())
-    texts = recorded()  # every text the stage scored, once each (the recorder is one of its parts)
-    assert len(texts) == len(scored) and all(not t.reward_error for t in scored)
-    want = sorted(float(t["completion"].strip() == t["answer"]) + 0.2 * is_digit_share(
-        tok(t["prompt"] + t["completion"])["input_ids"], tok) for t in texts)
-    assert sorted(float(t.reward) for t in scored) == pytest.approx(want, abs=1e-3)
+    # every text the stage scored (the recorder is one of its parts; bundles in flight when the run ended were scored
+    # too, but never delivered): each reward the driver got is the one expected of a text the stage saw
+    texts = recorded()
+    assert len(texts) >= len(scored) and all(not t.reward_error for t in scored)
+    want = [float(t["completion"].strip() == t["answer"]) + 0.2 * is_digit_share(
+        tok(t["prompt"] + t["completion"])["input_ids"], tok) for t in texts]
+    for got in sorted(float(t.reward) for t in scored):
+        match = next((w for w in want if abs(w - got) < 1e-3), None)
+        assert match is not None, (got, sorted(want))
+        want.remove(match)
 
 
-def test_a_judge_scores_a_run_and_one_that_times_out_stops_it_by_name(ray_cluster, workdir, monkeypatch):
+JUDGE = {"model": "builtin:tiny-llama", "template": "{completion}+0=", "verdict": "regex:^\\s*(\\d+)", "max_new_tokens": 4,
+         "timeout_s": 20}  # the policy's own start, asked to add 0 to the completion: a verdict that is a number, or not
+
+
+def test_a_judge_scores_a_run(ray_cluster, workdir, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     PROBE.unlink(missing_ok=True)
-    judge = {"model": "builtin:tiny-llama", "template": "{completion}+0=", "verdict": "regex:^\\s*(\\d+)",
-             "max_new_tokens": 4, "timeout_s": 20}
-    plan = pipeline(workdir, {"scorers": [{"judge": judge, "weight": 0.01}, {"fn": "rewards_for_tests:records", "weight": 0}],
+    plan = pipeline(workdir, {"scorers": [{"judge": JUDGE, "weight": 0.01}, {"fn": "rewards_for_tests:records", "weight": 0}],
                               "batch_size": 16})
     r, scored = run(plan)
-    assert len(r.history) == 2
     assert_exactly_once(r, scored, 2)
     ok = [t for t in scored if not t.reward_error]
-    assert len(recorded()) == len(scored) and ok and all(math.isfinite(t.reward) and t.reward >= 0 for t in ok)
+    assert len(recorded()) >= len(scored) and ok and all(math.isfinite(t.reward) and t.reward >= 0 for t in ok)
     for t in scored:  # a verdict with no number is a failing reward, named by the rule
         assert not t.reward_error or "does not match" in t.reward_error, t.reward_error
 
+
+def test_a_judge_that_times_out_fails_its_rewards_and_stops_the_run_by_name(ray_cluster, workdir):
     lines: list[str] = []
-    judge["timeout_s"] = 1e-4
     with pytest.raises(RunFailed, match="timed out on every trajectory of 3 bundles in a row"):
-        run(pipeline(workdir, {"judge": judge}), lines)
+        run(pipeline(workdir, {"judge": JUDGE | {"timeout_s": 1e-4}}), lines)
 
 
 class FlakyEndpoint:
