@@ -43,6 +43,10 @@ MODELS = {
     "builtin:tiny-llama": "rlflow.stages.tiny_model:build_tiny_llama",
     "builtin:smollm2-135m": "rlflow.stages.smollm2:build_smollm2",  # needs the smollm2 extra (checked at compile)
 }
+# Reward models a reward stage's `model:` may name (docs/guides/reward-models.md): builders, built locally and cached.
+REWARD_MODELS = {
+    "builtin:tiny-reward": "rlflow.stages.reward_model:build_tiny_reward",
+}
 
 # Environments of multi-turn rollout stages (`env:`): classes that subclass rlflow.stages.environment.Environment.
 ENVS = {
@@ -67,6 +71,7 @@ CATEGORIES = {
     "task": TASKS,
     "ranker": RANKERS,
     "model": MODELS,
+    "reward_model": REWARD_MODELS,
     "env": ENVS,
 }
 

@@ -13,8 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
-#: the built-in reward model (stages/reward_model.py): constructed locally, no download
-TINY_REWARD = "builtin:tiny-reward"
 #: a judge's `model:` that names the tiny Llama the run's policy starts from (built locally, no download)
 TINY_JUDGE = "builtin:tiny-llama"
 

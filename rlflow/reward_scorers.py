@@ -12,8 +12,9 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
+from rlflow import registry
 from rlflow.errors import Problem, did_you_mean
-from rlflow.reward_schema import SCORER_FIELDS, TINY_JUDGE, TINY_REWARD
+from rlflow.reward_schema import SCORER_FIELDS, TINY_JUDGE
 
 #: why a stage must name what it scores with, and how
 _CHOOSE = ("set one of fn (a function), model (a reward model), judge (a generative judge), http (an endpoint), "
@@ -70,9 +71,11 @@ def _check_part(spec, part, loc, base_dir, problems, component, resolve) -> None
 
 def _check_model(ref: str, loc, base_dir, problems, resolve) -> None:
     if ref.startswith("builtin:"):
-        if ref != TINY_REWARD:
-            problems.append(Problem(loc, f"unknown built-in reward model '{ref}'{did_you_mean(ref, [TINY_REWARD])}",
-                                    "bad-reward-model", f"use {TINY_REWARD}, or a local sequence-classification directory"))
+        names = registry.builtin_names("reward_model")
+        if ref not in names:
+            problems.append(Problem(loc, f"unknown built-in reward model '{ref}'{did_you_mean(ref, names)}",
+                                    "bad-reward-model", f"use {', '.join(names)}, or a local sequence-classification "
+                                    "directory"))
         return
     from rlflow.stages.reward_model import model_dir_problem
 

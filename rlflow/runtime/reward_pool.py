@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rlflow.reward_schema import TINY_JUDGE, TINY_REWARD
+from rlflow import registry
+from rlflow.reward_schema import TINY_JUDGE
 from rlflow.runtime.reward_call import TIMEOUTS_IN_A_ROW
 
 
@@ -37,15 +38,14 @@ def stage_name(scorers: list[dict]) -> str:
 
 
 def prepared(scorers: list[dict], policy_dir: str | None, log=print) -> list[dict]:
-    """`scorers` with builtin:tiny-reward built (and cached) and a judge's builtin:tiny-llama as the run's policy
-    start `policy_dir` (the driver's: built once, before the actors that read it start)."""
+    """`scorers` with a built-in reward model (registry.REWARD_MODELS) built and cached, and a judge's
+    builtin:tiny-llama as the run's policy start `policy_dir` (the driver's: built once, before the actors that read
+    it start)."""
     out = []
     for s in scorers:
         s = dict(s)
-        if s.get("model") == TINY_REWARD:
-            from rlflow.stages.reward_model import build_tiny_reward
-
-            s["model"] = str(build_tiny_reward(progress=log))
+        if s.get("model", "").startswith("builtin:"):
+            s["model"] = str(registry.resolve("reward_model", s["model"])(progress=log))
         if s.get("judge") and s["judge"]["model"] == TINY_JUDGE:
             if policy_dir is None:
                 raise ValueError("a judge on builtin:tiny-llama needs the run's tiny Llama (model.path builtin:tiny-llama)")
