@@ -23,6 +23,9 @@ def check_tool_stage(stage, loc: tuple, problems: list[Problem]) -> None:
         problems.append(Problem(loc + ("tools",), f"the stage has both env '{stage.env}' (text form) and tools (chat "
                                 "form); an episode has one of them", "tools-with-env",
                                 "keep env: with stop strings for raw text, or tools: with tool_parser for chat"))
+    elif stage.env_kwargs:
+        problems.append(Problem(loc + ("env_kwargs",), "env_kwargs is set but the stage has tools, no environment",
+                                "turns-need-env", "remove env_kwargs (tools are functions, built with no arguments)"))
     if stage.tool_parser is None:
         problems.append(Problem(loc + ("tool_parser",), "tools are set but not the model's tool-call format",
                                 "tools-need-parser", f"set tool_parser: one of {', '.join(PARSERS)} (hermes: Qwen, "

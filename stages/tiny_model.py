@@ -141,18 +141,25 @@ def build_tiny_llama(
     final = model_dir(task, cache_dir=cache_dir, seed=seed, sft_steps=sft_steps, rows=rows)
     if (final / "config.json").exists():
         return final
+    return build_atomically(final, lambda tmp: _build(tmp, task, seed, settings, progress, rows),
+                            lambda: progress(f"tiny-llama[{task}]: another process built {final} first; using it"))
+
+
+def build_atomically(final: Path, build, lost_race=lambda: None) -> Path:
+    """Run `build(tmp)` into a fresh directory beside `final`, then rename it to `final` (readers see no model or a
+    whole one); when another process renamed its build there first, keep theirs (`lost_race()` is told)."""
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{final.name}-", dir=root))
     try:
-        _build(tmp, task, seed, settings, progress, rows)
+        build(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is for every process of the user and others
         try:
             os.rename(tmp, final)  # atomic: readers see no model or a whole one
         except OSError:
             if not (final / "config.json").exists():
                 raise
-            progress(f"tiny-llama[{task}]: another process built {final} first; using it")
+            lost_race()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -76,6 +76,11 @@ def prepare_model(plan: Plan, log=print) -> Path:
         if rows is not None:
             log(f"tiny-llama: warm start on {len(rows)} training rows of {task}")
             return Path(build(task="data", rows=rows, seed=plan.pipeline["seed"], progress=log))
+        if task == "calc" and any(s.get("tools") for s in plan.pipeline["stages"].values()):
+            # chat-form tools on the calculator task: the text-form build, warm-started further in chat form
+            from rlflow.stages.tiny_tool_model import build_tiny_tool_llama
+
+            return build_tiny_tool_llama(task, seed=plan.pipeline["seed"], progress=log)
         return Path(build(task=task, seed=plan.pipeline["seed"], progress=log))
     return check_model_dir(spec["path"], source=plan.source)
 

@@ -28,3 +28,9 @@ def test_a_tool_parser_without_tools_is_a_problem():
         compile_pipeline(PIPELINE, ["stages.rollout.tools=[]", "stages.rollout.max_turns=1",
                                     "stages.rollout.max_turn_tokens=null"])
     assert [p.rule for p in e.value.problems] == ["parser-needs-tools"]
+
+
+def test_env_kwargs_on_a_tools_stage_are_a_problem():
+    with pytest.raises(PipelineInvalid) as e:
+        compile_pipeline(PIPELINE, ["stages.rollout.env_kwargs.latency_s=1"])
+    assert [(p.rule, p.loc) for p in e.value.problems] == [("turns-need-env", ("stages", "rollout", "env_kwargs"))]

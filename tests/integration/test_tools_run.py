@@ -1,7 +1,7 @@
-"""Chat-form tool calling (pipelines/agentic_tools.yaml) on the real stack: the shipped file as is (builtin:tiny-llama
-rendered with rlflow's template; the model does not know the format, so episodes end after one turn), and the same
-file on a model taught the Hermes format (tests/tool_model.py; its tokenizer's own template): episodes call the
-calculator in the rollout workers, its replies come back as template tokens, and the trainer takes them whole."""
+"""Chat-form tool calling (pipelines/agentic_tools.yaml) on the real stack: episodes call the calculator in the
+rollout workers, its replies come back as template tokens, and the trainer takes them whole. By default on a model
+taught the Hermes format in seconds (tests/tool_model.py; its tokenizer's own template); as shipped (slow: its first
+run builds the chat-form warm start, stages/tiny_tool_model.py) builtin:tiny-llama rendered with rlflow's template."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_run import assert_accounted
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("variant", ["as_shipped", "taught"])
+@pytest.mark.parametrize("variant", [pytest.param("as_shipped", marks=pytest.mark.slow), "taught"])
 def test_tool_pipeline_runs_in_chat_form(variant, ray_cluster, workdir, tmp_path):
     from tool_model import teach_tool_format
 
@@ -30,6 +30,4 @@ def test_tool_pipeline_runs_in_chat_form(variant, ray_cluster, workdir, tmp_path
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)  # conservation, staleness <= eta, ledger: an episode is one trajectory
     n = run.counts
-    assert n["episodes"] > 0
-    if variant == "taught":
-        assert n["episode_turns"] > n["episodes"] and n["env_tokens"] > 0  # calls ran, their replies were appended
+    assert n["episode_turns"] > n["episodes"] > 0 and n["env_tokens"] > 0  # calls ran, their replies were appended

@@ -201,3 +201,17 @@ def test_templates_that_cannot_give_a_delta_are_refused(tokenizer):
     with pytest.raises(TemplateError, match="renders earlier messages differently"):
         r.observation_ids([1], [{"role": "tool", "content": "4"}])
     assert ChatRenderer(tokenizer, [], TINY_TOOL_TEMPLATE).end_of_turn == [tokenizer.eos_token_id]
+
+
+def test_the_tiny_tool_warm_start_trains_the_call_and_the_answer_not_the_reply(tokenizer):
+    from rlflow.stages.chat_template import TINY_TOOL_TEMPLATE, ChatRenderer
+    from rlflow.stages.tiny_tool_model import chat_example
+
+    r = ChatRenderer(tokenizer, load_tools(["builtin:calculator"])[0], TINY_TOOL_TEMPLATE)
+    row = {"prompt": "Ann has 37 pens and buys 48 more. How many pens now? Calc:", "answer": "85",
+           "demo": "<calc>37+48</calc>=85 A=85"}
+    ids, mask = chat_example(tokenizer, r, row)
+    assert ids[:len(r.prompt_ids(row["prompt"]))] == r.prompt_ids(row["prompt"])
+    trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == '<tool_call>{"name": "calculator", "arguments": {"expression": "37+48"}}</tool_call></s>A=85</s>'
+    assert tokenizer.decode(ids).endswith("</s><s>tool\n85</s><s>assistant\nA=85</s>")
