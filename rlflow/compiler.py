@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlflow import devices, graph, loader
+from rlflow import devices, graph, loader, registry
 from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.placement import check_stage_resources
@@ -74,7 +74,12 @@ def import_strings(spec: Pipeline) -> list[str]:
     # a reward stage's weighted parts and its held-out reward (rlflow/reward_scorers.py): imported in the reward actors
     refs += [p.fn for s in spec.stages.values() for p in getattr(s, "scorers", None) or []]
     refs += [getattr(s, "eval_fn", None) for s in spec.stages.values()]
-    return [r for r in refs if isinstance(r, str) and ":" in r and not r.startswith("builtin:")]
+    # environments (imported in the rollout workers), and prompts a taskset makes (in the driver)
+    refs += [getattr(s, "env", None) for s in spec.stages.values()]
+    refs += [spec.data.source] + [t.source for t in (spec.data.tasks or {}).values()]
+    refs = [r for r in refs if isinstance(r, str) and ":" in r and not r.startswith("builtin:")]
+    # `verifiers:pkg.mod:attr` and `openenv:pkg.mod:Class` (registry.ADAPTERS): the module to find is pkg.mod
+    return [registry.adapter_target("task", r) or r for r in refs]
 
 
 def write_plan(plan: dict, out: str | Path = DEFAULT_PLAN) -> tuple[Path, Path]:

@@ -131,3 +131,18 @@ def test_a_verifiers_taskset_as_the_prompts():
     with pytest.raises(registry.ComponentError) as e:  # an environment is stepped, not read
         registry.check_reference("task", OPENENV)
     assert e.value.rule == "openenv-has-no-rows"
+
+
+def test_a_taskset_module_beside_the_pipeline_is_found_and_recorded(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from rlflow.compiler import compile_pipeline
+
+    repo = Path(__file__).resolve().parents[3]
+    (tmp_path / "beside_vf_tasks.py").write_text("from rlflow.stages.verifiers_calc import load_taskset  # noqa: F401\n")
+    text = (repo / "pipelines" / "verifiers_calc.yaml").read_text()
+    (tmp_path / "p.yaml").write_text(text.replace("rlflow.stages.verifiers_calc:load_taskset", "beside_vf_tasks:load_taskset"))
+    monkeypatch.chdir(repo)
+    plan = compile_pipeline(tmp_path / "p.yaml")
+    assert plan["python_path"] == [str(tmp_path.resolve())]  # the Ray workers import it from there
+    assert plan["tasks"]["main"]["source"] == "verifiers:beside_vf_tasks:load_taskset"
