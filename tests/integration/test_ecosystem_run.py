@@ -82,3 +82,35 @@ def test_prompts_from_a_datasets_directory_with_a_split_and_a_column_mapping(ray
     rubric = registry.resolve("reward", "verifiers:rlflow.stages.verifiers_calc:load_taskset")
     for t in trained:  # the Task is rebuilt from the mapped row: its answer is the `solution` column
         assert t["reward"] == rubric(t["completion"], t["answer"], t["prompt"], t["row"])
+
+
+def test_chat_rows_from_a_datasets_directory_train_with_the_models_chat_template(ray_cluster, workdir):
+    import shutil
+
+    from rlflow.prompt_rows import encode_prompt
+    from rlflow.stages.tasks import arith
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    model = workdir / "chat_model"  # the tiny model, given a chat template of its own (it has none)
+    shutil.copytree(build_tiny_llama("arith", progress=lambda line: None), model)
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    chats = [[{"role": "system", "content": "Add."}, {"role": "user", "content": r["prompt"]},
+              {"role": "assistant", "content": r["answer"]}] for r in arith(seed=5, count=64)]
+    datasets.Dataset.from_dict({"messages": chats}).save_to_disk("chats")
+    plan = plan_for("quickstart", f"model.path={model}", f"data.source={Path('chats').resolve()}",
+                    "data.prompt_format=messages", "data.prompt_field=messages", "data.answer_field=messages",
+                    "stages.score.fn=exact_match", "stages.train.steps=2", "edges.2.policy.filter=null")
+    trained: list[dict] = []
+    run = run_plan(plan, hooks=trained_of(trained))
+    assert [h["step"] for h in run.history] == [1, 2]
+    assert_accounted(run)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    answers = {c[1]["content"]: c[2]["content"] for c in chats}
+    for t in trained:  # the prompt: the chat up to its last assistant message, rendered by the template
+        assert t["answer"] == answers[t["prompt"]]
+        chat = next(c for c in chats if c[1]["content"] == t["prompt"])
+        assert t["prompt_ids"] == encode_prompt(tok, chat[:2], "messages")
