@@ -70,9 +70,12 @@ def export(run: Annotated[str, typer.Argument(metavar="RUN", show_default=False,
 
 def eval_(model: Annotated[str, typer.Argument(metavar="MODEL_OR_RUN", show_default=False,
                                                help="a Hugging Face directory (e.g. an export), or a run (its export/)")],
-          data: Annotated[str | None, typer.Option(show_default=False, help="builtin:<task> or a .jsonl/.json/.parquet "
-                                                   "file of prompts and answers (default: the run's held-out split, "
-                                                   "data.eval)")] = None,
+          data: Annotated[str | None, typer.Option(show_default=False, help="what data.source takes: builtin:<task>, a "
+                                                   ".jsonl/.json/.parquet/.arrow file of prompts and answers, a datasets "
+                                                   "directory or verifiers:pkg.mod:load_taskset (default: the run's "
+                                                   "held-out split, data.eval)")] = None,
+          split: Annotated[str | None, typer.Option(show_default=False, help="the split of a DatasetDict directory "
+                                                    "--data names (default: the run's, when --data is its source)")] = None,
           task: Annotated[str | None, typer.Option(show_default=False, help="the run's task whose reward and settings "
                                                    "to use (default: every task)")] = None,
           reward: Annotated[str | None, typer.Option(show_default=False, help="reward function: built-in name or "
@@ -108,7 +111,7 @@ def eval_(model: Annotated[str, typer.Argument(metavar="MODEL_OR_RUN", show_defa
     # where the run found them (its plan's python_path)
     with importable_from(Path.cwd(), also=(plan or {}).get("python_path") or []):
         _check_reward(reward)
-        _score(model_dir, plan, data=data, task=task, reward=reward, n=n, k=k, max_new_tokens=max_new_tokens,
+        _score(model_dir, plan, data=data, split=split, task=task, reward=reward, n=n, k=k, max_new_tokens=max_new_tokens,
                temperature=temperature, engine=engine)
     return EXIT_OK
 

@@ -384,11 +384,49 @@ def _bad(message: str, fix: str, loc: str = "--data"):
     raise PipelineInvalid("rlflow eval", [Problem((loc,), message, "bad-eval-input", fix)])
 
 
+SOURCES = "builtin:<task>, a .jsonl/.json/.parquet/.arrow file, a `datasets` directory or verifiers:pkg.mod:load_taskset"
+
+
+def _check_source(data: str, split: str | None) -> None:
+    """An --data source is refused, naming the rule, as compile refuses a data.source: an unknown built-in, a
+    taskset that does not load, a missing file, a directory that is not a `datasets` one or a split it lacks."""
+    from rlflow import registry
+    from rlflow.data_sources import TableProblem, is_table, read_table
+    from rlflow.errors import PipelineInvalid, Problem
+
+    if generated(data):
+        if split is not None:
+            _bad(f"'{data}' has no splits (--split {split})", "--split picks a split of a DatasetDict directory",
+                 loc="--split")
+        if data.startswith("builtin:") and data not in registry.builtin_names("task"):
+            _bad(f"unknown built-in task '{data}'", "built-in tasks: " + ", ".join(registry.builtin_names("task")))
+        try:
+            registry.check_reference("task", data)
+        except registry.ComponentError as err:
+            why, _, fix = str(err).partition("; ")
+            raise PipelineInvalid("rlflow eval", [Problem(("--data",), why, err.rule or "unknown-task", fix)]) from None
+    elif is_table(data):
+        try:
+            read_table(data, split)
+        except TableProblem as err:
+            message, rule, fix = err.problem
+            raise PipelineInvalid("rlflow eval", [Problem(("--split" if rule == "bad-split" else "--data",), message,
+                                                          rule, fix.replace("set split: to", "give --split"))]) from None
+    elif not (data.endswith((".jsonl", ".json", ".parquet")) and Path(data).is_file()):
+        _bad(f"'{data}' is none of {SOURCES}", "built-in tasks: " + ", ".join(registry.builtin_names("task")))
+    elif split is not None:
+        _bad(f"'{data}' is one file, which has no splits (--split {split})",
+             "--split picks a split of a DatasetDict directory", loc="--split")
+
+
 def eval_tasks(plan: dict | Plan | None, *, data: str | None, task: str | None, reward: str | None, n: int | None,
-               k: int | None, max_new_tokens: int | None, temperature: float | None) -> tuple[dict, dict]:
-    """What `rlflow eval` scores: per task {source, holdout, limit, prompt_field, answer_field, reward_fn,
+               k: int | None, max_new_tokens: int | None, temperature: float | None,
+               split: str | None = None) -> tuple[dict, dict]:
+    """What `rlflow eval` scores: per task {source, split, holdout, limit, prompt_field, answer_field, reward_fn,
     max_new_tokens, temperature}, and the settings {size, k, seed, top_p, max_running, max_model_len}. Defaults come
-    from the plan an export carries (its held-out split, rewards and rollout settings), else plain ones."""
+    from the plan an export carries (its held-out split, rewards and rollout settings), else plain ones. `data` is
+    any data.source: builtin:<task>, a .jsonl/.json/.parquet/.arrow file, a `datasets` directory (`split` picks a
+    DatasetDict's split; the run's own when `data` is its source) or a `verifiers:` taskset."""
     from rlflow import registry
 
     plan = Plan.of(plan) if plan is not None else None
@@ -408,24 +446,25 @@ def eval_tasks(plan: dict | Plan | None, *, data: str | None, task: str | None, 
     if data is None:
         if evaluator is None:
             _bad("no --data, and the model carries no run's held-out split (data.eval)",
-                 "give --data builtin:<task> or a .jsonl/.json/.parquet file of prompts and answers")
+                 f"give --data {SOURCES} of prompts and answers")
+        if split is not None:
+            _bad("--split without --data", "--split picks a split of the DatasetDict directory --data names", loc="--split")
         chosen = {name: dict(t) for name, t in evaluator.tasks.items() if task in (None, name)}
     else:
-        if not data.startswith("builtin:") and not (data.endswith((".jsonl", ".json", ".parquet")) and Path(data).is_file()):
-            _bad(f"'{data}' is neither builtin:<task> nor an existing .jsonl/.json/.parquet file",
-                 "built-in tasks: " + ", ".join(registry.builtin_names("task")))
-        if data.startswith("builtin:") and data not in registry.builtin_names("task"):
-            _bad(f"unknown built-in task '{data}'", "built-in tasks: " + ", ".join(registry.builtin_names("task")))
         if task is None and len(ptasks) > 1:
             _bad(f"the run has several tasks ({', '.join(ptasks)}): which one's reward scores --data?", "add --task NAME",
                  loc="--task")
         name = task or next(iter(ptasks), "main")
         pt = ptasks.get(name)
-        same = pt is not None and pt.source == data  # the run's own source: keep its held-out split
+        # the run's own source: keep its held-out split (and its DatasetDict split)
+        same = pt is not None and (pt.source == data or Path(pt.source).resolve() == Path(data).resolve())
+        split = split if split is not None or not same else pt.split
+        _check_source(data, split)
         rollout = next((a for a in rollouts if name in a.tasks), None)
         fn = next((op.fn for op in plan.reward_operators() if pt and op.stage == pt.reward),
                   "exact_match") if plan else "exact_match"
-        chosen = {name: {"source": data, "holdout": pt.holdout if same else None, "limit": pt.limit if same else None,
+        chosen = {name: {"source": data, **({"split": split} if split else {}),
+                         "holdout": pt.holdout if same else None, "limit": pt.limit if same else None,
                          "prompt_field": pt.prompt_field if pt else "prompt",
                          "answer_field": pt.answer_field if pt else "answer", "reward_fn": fn,
                          "prompt_format": pt.prompt_format if pt else "raw", "system_prompt": pt.system_prompt if pt else None,

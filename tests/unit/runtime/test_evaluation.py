@@ -167,3 +167,45 @@ def test_eval_tasks_defaults_from_the_plan():
                              temperature=None)
     assert settings["stop"] == ["</calc>"] and settings["max_turn_tokens"] == 16  # scored as the run generates
     assert settings["episode"] == {"env": "calculator", "env_kwargs": {}, "max_turns": 2}
+
+
+def test_eval_data_takes_what_data_source_takes(tmp_path):
+    """--data: a `datasets` directory (--split, else the run's split when it is the run's source), an .arrow file and
+    a verifiers taskset, read as training reads them; each bad one refused at --data / --split by its rule."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("verifiers")
+    from rlflow.errors import PipelineInvalid
+
+    rows = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
+    datasets.DatasetDict({"train": rows, "test": rows.select([1])}).save_to_disk(tmp_path / "dd")
+    rows.save_to_disk(tmp_path / "one")
+    arrow = next((tmp_path / "one").glob("*.arrow"))
+
+    def score(data, split=None, plan=None):
+        tasks, _ = eval_tasks(plan, data=data, split=split, task=None, reward=None, n=8, k=1, max_new_tokens=None,
+                              temperature=None)
+        return [r["answer"] for r in held_out_rows(tasks["main"], size=8, seed=0)]
+
+    assert score(str(tmp_path / "dd"), "test") == ["4"]
+    assert score(str(tmp_path / "one")) == score(str(arrow)) == ["2", "4"]
+    assert len(score("verifiers:rlflow.stages.verifiers_calc:load_taskset")) == 8
+    from pathlib import Path
+
+    from rlflow.compiler import compile_pipeline
+
+    quickstart = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
+    run = compile_pipeline(quickstart, [f"data.source={tmp_path / 'dd'}", "data.split=test"])
+    assert score(str(tmp_path / "dd"), plan=run) == ["4"]  # the run's own DatasetDict source: its split by default
+
+    def refused(data, split=None):
+        with pytest.raises(PipelineInvalid) as err:
+            score(data, split)
+        (p,) = err.value.problems
+        return p.loc[0], p.rule
+
+    assert refused(str(tmp_path / "dd")) == ("--split", "bad-split")  # several splits, none named
+    assert refused(str(tmp_path / "dd"), "val") == ("--split", "bad-split")
+    assert refused(str(tmp_path)) == ("--data", "bad-dataset-dir")
+    assert refused(str(tmp_path / "missing.arrow")) == ("--data", "missing-file")
+    assert refused("verifiers:rlflow.stages.tasks:calc")[0] == "--data"  # a row generator, not a taskset
+    assert refused("builtin:arith", "train") == ("--split", "bad-eval-input")
