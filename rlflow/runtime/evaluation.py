@@ -378,10 +378,10 @@ class Evaluations:
 
 
 # ---------------------------------------------------------------------------------------------- `rlflow eval`
-def _bad(message: str, fix: str, loc: str = "--data"):
+def _bad(message: str, fix: str, loc: str = "--data", rule: str = "bad-eval-input"):
     from rlflow.errors import PipelineInvalid, Problem
 
-    raise PipelineInvalid("rlflow eval", [Problem((loc,), message, "bad-eval-input", fix)])
+    raise PipelineInvalid("rlflow eval", [Problem((loc,), message, rule, fix)])
 
 
 SOURCES = "builtin:<task>, a .jsonl/.json/.parquet/.arrow file, a `datasets` directory or verifiers:pkg.mod:load_taskset"
@@ -461,8 +461,13 @@ def eval_tasks(plan: dict | Plan | None, *, data: str | None, task: str | None, 
         split = split if split is not None or not same else pt.split
         _check_source(data, split)
         rollout = next((a for a in rollouts if name in a.tasks), None)
-        fn = next((op.fn for op in plan.reward_operators() if pt and op.stage == pt.reward),
-                  "exact_match") if plan else "exact_match"
+        op = next((op for op in plan.reward_operators() if pt and op.stage == pt.reward), None) if plan else None
+        fn = op.fn if op else "exact_match"
+        if fn is None and reward is None:  # a reward model / judge / endpoint only: eval runs none of them
+            kinds = sorted({k for part in op.scorers for k in ("model", "judge", "http") if part.get(k)})
+            _bad(f"reward stage '{op.stage}' scores task '{name}' with {' and '.join(kinds)} only, and rlflow eval "
+                 "scores with a reward function", f"give --reward NAME (built-in or package.module:fn), or add eval_fn: "
+                 f"<a reward function> to stage '{op.stage}'", loc="--reward", rule="eval-needs-reward-fn")
         chosen = {name: {"source": data, **({"split": split} if split else {}),
                          "holdout": pt.holdout if same else None, "limit": pt.limit if same else None,
                          "prompt_field": pt.prompt_field if pt else "prompt",

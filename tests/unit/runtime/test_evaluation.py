@@ -209,3 +209,25 @@ def test_eval_data_takes_what_data_source_takes(tmp_path):
     assert refused(str(tmp_path / "missing.arrow")) == ("--data", "missing-file")
     assert refused("verifiers:rlflow.stages.tasks:calc")[0] == "--data"  # a row generator, not a taskset
     assert refused("builtin:arith", "train") == ("--split", "bad-eval-input")
+
+
+def test_eval_of_a_run_scored_by_a_reward_model_only_names_the_stage_and_the_way_out():
+    from pathlib import Path
+
+    from rlflow.compiler import compile_pipeline
+    from rlflow.errors import PipelineInvalid
+
+    quickstart = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
+    by_model = ["stages.score.fn=null", "stages.score.model=builtin:tiny-reward"]
+    options = dict(data="builtin:arith", task=None, n=4, k=1, max_new_tokens=None, temperature=None)
+    with pytest.raises(PipelineInvalid) as err:
+        eval_tasks(compile_pipeline(quickstart, by_model), reward=None, **options)
+    (p,) = err.value.problems
+    assert (p.loc, p.rule) == (("--reward",), "eval-needs-reward-fn")
+    assert "stage 'score'" in p.message and "model only" in p.message and "None" not in p.message
+    assert "--reward NAME" in p.fix and "eval_fn" in p.fix
+    tasks, _ = eval_tasks(compile_pipeline(quickstart, by_model), reward="numeric_close", **options)
+    assert tasks["main"]["reward_fn"] == "numeric_close"
+    tasks, _ = eval_tasks(compile_pipeline(quickstart, [*by_model, "stages.score.eval_fn=exact_match"]), reward=None,
+                          **options)
+    assert tasks["main"]["reward_fn"] == "exact_match"  # the stage's eval_fn
