@@ -17,7 +17,7 @@ from rlflow.data_sources import generated, is_table
 from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
 from rlflow.schema import DATA_NODE, Pipeline
-from rlflow.tool_checks import check_tool_stage, check_tools_template
+from rlflow.tool_checks import check_tool_stage, check_tools_prompt_room, check_tools_template
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # or a `datasets` directory
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -185,6 +185,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
     _check_model_len(spec, positions, problems)
     _check_chat_template(spec, template, problems)
     check_tools_template(spec, template, problems)
+    check_tools_prompt_room(spec, base_dir, problems, resolve_path)
 
 
 #: whether a built-in model's tokenizer has a chat template (known without building it)

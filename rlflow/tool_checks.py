@@ -68,3 +68,86 @@ def tiny_template(spec) -> str | None:
     from rlflow.stages.chat_template import TINY_TOOL_TEMPLATE
 
     return TINY_TOOL_TEMPLATE
+
+
+def check_tools_prompt_room(spec, base_dir, problems: list[Problem], resolve) -> None:
+    """A chat-form stage's prompt is rendered with the tools block (stages/chat_template.py), not tokenized raw: the
+    longest rendered prompt of its tasks' head rows, plus max_new_tokens, must fit model.max_model_len (else the
+    engine refuses it when the run generates). Measured with the tokenizer the run renders with: a local model's, or
+    builtin:tiny-llama's as its build trains it; skipped while the stage or the model has problems of its own.
+    `resolve`: component_checks.resolve_path (a path relative to the pipeline, else the working directory)."""
+    from rlflow.errors import PipelineInvalid
+    from rlflow.stages.chat_template import ChatRenderer, TemplateError
+    from rlflow.stages.tools import ToolError, load_tools
+    from rlflow.task_routes import task_routes
+
+    named = {p.loc[:2] for p in problems}
+    stages = [n for n, s in spec.stages.items() if s.kind == "rollout" and s.tools and ("stages", n) not in named]
+    if not stages or ("model", "path") in named or any(p.loc[:1] == ("data",) for p in problems):
+        return
+    try:
+        routes = task_routes(spec)
+        tokenizer = _tokenizer(spec, base_dir, resolve)
+    except (LookupError, ValueError, OSError, PipelineInvalid):  # what stops these is named by its own rule
+        return
+    if tokenizer is None:
+        return
+    limit = spec.model.max_model_len
+    for name in stages:
+        stage = spec.stages[name]
+        try:
+            renderer = ChatRenderer(tokenizer, load_tools(stage.tools)[0], tiny_template(spec))
+        except (ToolError, TemplateError):  # tools-need-chat-template and the tool rules name these
+            continue
+        block = len(renderer.prompt_ids(""))
+        n, where = max(((len(renderer.prompt_ids(text, system)), where)
+                        for where, text, system in _head_prompts(spec, base_dir, routes, name, resolve)),
+                       key=lambda measured: measured[0], default=(block, ""))
+        if n + stage.max_new_tokens > limit:
+            at = f"the prompt at {where}" if where else "an empty prompt"
+            problems.append(Problem(("stages", name, "tools"), f"with tools, {at} renders in chat form to {n} tokens "
+                                    f"({block} of them the template and the tools block); with max_new_tokens "
+                                    f"{stage.max_new_tokens} that exceeds model.max_model_len {limit}", "prompt-too-long",
+                                    f"raise model.max_model_len to {n + stage.max_new_tokens} or more, lower "
+                                    "max_new_tokens, or offer fewer tools"))
+
+
+def _tokenizer(spec, base_dir, resolve):
+    """The tokenizer a run of `spec` renders prompts with (None: not at hand without building a model)."""
+    path = spec.model.path
+    if path == TINY:  # as runtime/model.py prepare_model builds it: built-in tasks' BPE, or a byte per token
+        from rlflow.stages.tiny_model import tokenizer_for
+
+        sources = [t.source for t in (spec.data.tasks or {}).values()] or [spec.data.source]
+        builtin = sorted({s.removeprefix("builtin:") for s in sources if s.startswith("builtin:")})
+        files = len(builtin) < len(sources)
+        return tokenizer_for(None if files else "+".join(builtin), spec.seed)
+    if path.startswith("builtin:"):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resolve(path, base_dir)))
+
+
+def _head_prompts(spec, base_dir, routes: dict, stage: str, resolve):
+    """(where, prompt text, system prompt) of the head rows of each task that rollout `stage` serves."""
+    from rlflow import registry
+    from rlflow.data_head import HEAD_ROWS, head_rows
+    from rlflow.data_sources import generated
+    from rlflow.prompt_rows import prompt_text, row_prompt_answer
+    from rlflow.schema import MAIN_TASK
+
+    d = spec.data
+    tasks = d.tasks or {MAIN_TASK: d}
+    for name, t in tasks.items():
+        if routes.get(name, {}).get("rollout") != stage:
+            continue
+        fields, fmt = (t.prompt_field, t.answer_field), t.prompt_format
+        system = t.system_prompt
+        if generated(t.source):
+            rows = [(f"row {i + 1} of {t.source}", r)
+                    for i, r in enumerate(registry.resolve("task", t.source)(seed=d.seed, count=HEAD_ROWS))]
+        else:
+            rows = head_rows(resolve(t.source, base_dir), fields, split=t.split, prompt_format=fmt)
+        for where, row in rows:
+            yield where, prompt_text(row_prompt_answer(row, fields, fmt)[0]), system

@@ -109,6 +109,18 @@ def tokenizer_tasks(task: str) -> tuple[str, ...]:
     return BASE_TASKS + tuple(n for n in task.split("+") if n not in BASE_TASKS)
 
 
+def tokenizer_for(task: str | None, seed: int = 0):
+    """The tokenizer a build trains (_build), without the model: compile measures chat-form prompts with it. `task`:
+    the built-in task(s) of the build (`calc`, `arith+repeat`); None: a build on a pipeline's own rows (a byte per
+    token)."""
+    from rlflow.stages.tokenizer import train_tokenizer
+
+    if task is None:
+        return train_tokenizer(DATA_SETTINGS.vocab_size, seed=seed, tasks=())
+    task, settings = _resolve(task, None)
+    return train_tokenizer(settings.vocab_size, seed=seed, tasks=tokenizer_tasks(task))
+
+
 def task_rows(task: str, seed: int, count: int) -> list[dict]:
     """Rows {"prompt", "answer"} of a built-in task; for `a+b`, the tasks' rows interleaved."""
     from rlflow.registry import resolve
