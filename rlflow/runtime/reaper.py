@@ -7,7 +7,10 @@ report_raylet_error_logs, Ray 2.60), and lives 60-90 s more. So `rlflow run` sta
 embedded cluster, in a session of its own (a kill of the driver's process group does not reach it), reading a pipe
 from the driver: when the pipe ends (the driver exited, however), it gives the cluster's processes REAP_GRACE_S to
 end on their own, then SIGTERM, then SIGKILL. It finds them by id only: processes whose environment carries this
-cluster's RAY_NODE_ID (every process the raylet starts), and the driver's children it was given at start.
+cluster's RAY_NODE_ID, the driver's children it was given at start, and every process below those that it saw
+while it waited (it looks every WATCH_S). The last is what finds the agents: they are the raylet's children while it
+lives (init reparents them when it dies), and their environment cannot be relied on, because setproctitle may
+write their `ray::DashboardAgent` title over the memory /proc/<pid>/environ reads (seen with a longer PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 REAP_GRACE_S = 5.0  # Ray's workers notice the raylet's death and exit within a few seconds (measured: under 5 s)
 TERM_WAIT_S = 5.0
+WATCH_S = 1.0  # how often the waiting reaper records the processes below the cluster's (a /proc scan: ~5 ms)
 
 
 def _start_time(pid: int) -> str | None:
@@ -86,18 +91,33 @@ def reap(node_id: str, given: set[tuple[int, str]], *, grace_s: float = REAP_GRA
     return ended
 
 
-def children(pid: int) -> set[tuple[int, str]]:
-    """The direct children of `pid` (Ray's GCS, raylet, monitors for an embedded cluster)."""
-    out = set()
+def _by_parent() -> dict[int, set[tuple[int, str]]]:
+    """Every process, as (pid, start time), under its parent's pid."""
+    out: dict[int, set[tuple[int, str]]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
                     fields = f.read().rsplit(b")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    out.add((int(name), fields[19].decode()))
+                out.setdefault(int(fields[1]), set()).add((int(name), fields[19].decode()))
             except (OSError, IndexError, ValueError):
                 continue
+    return out
+
+
+def children(pid: int) -> set[tuple[int, str]]:
+    """The direct children of `pid` (Ray's GCS, raylet, monitors for an embedded cluster)."""
+    return _by_parent().get(pid, set())
+
+
+def descendants(roots: set[int]) -> set[tuple[int, str]]:
+    """Every process below `roots`, at any depth (the raylet's agents and workers), not the roots themselves."""
+    tree, out, todo = _by_parent(), set(), list(roots)
+    while todo:
+        for child in tree.get(todo.pop(), ()):
+            if child not in out:
+                out.add(child)
+                todo.append(child[0])
     return out
 
 
@@ -128,7 +148,10 @@ def main(argv: list[str]) -> int:
     node_id, driver, given = argv[0], argv[1], argv[2] if len(argv) > 2 else ""
     procs = {(int(p), t) for p, t in (x.split(":") for x in given.split())}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's process group; stay to clean up
-    sys.stdin.buffer.read()  # until the driver closes the pipe or dies
+    driver_gone = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), driver_gone.set()), daemon=True).start()
+    while not driver_gone.wait(WATCH_S):  # until the driver closes the pipe or dies: note what the cluster starts
+        procs = _alive(procs | descendants({pid for pid, _ in procs}))
     ended = reap(node_id, procs)
     if ended:
         try:

@@ -19,10 +19,13 @@ from rlflow.runtime import reaper
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 node = ray.get_runtime_context().get_node_id()
 reaper.start(node)  # as launch.py does for an embedded cluster
+kids = reaper.children(__import__("os").getpid())
+cluster = lambda: kids | reaper.descendants({p for p, _ in kids}) | reaper._of_node(node)
 deadline = time.monotonic() + 180  # the agents start last; slower when the machine is busy
-while not any("Agent" in reaper._name(p) for p, _ in reaper._of_node(node)) and time.monotonic() < deadline:
+while not any("Agent" in reaper._name(p) for p, _ in cluster()) and time.monotonic() < deadline:
     time.sleep(0.2)
-print(" ".join(str(p) for p, _ in reaper._of_node(node) | reaper.children(__import__("os").getpid())), flush=True)
+time.sleep(2 * reaper.WATCH_S)  # the reaper has seen them
+print(" ".join(str(p) for p, _ in cluster()), flush=True)
 time.sleep(300)
 """
 
