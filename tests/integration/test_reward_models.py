@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from reward_endpoint import Endpoint
 from runs import REPO
 
 from rlflow.compiler import compile_pipeline
@@ -127,51 +128,8 @@ def test_a_judge_that_times_out_fails_its_rewards_and_stops_the_run_by_name(ray_
         run(pipeline(workdir, {"judge": JUDGE | {"timeout_s": 1e-4}}), lines)
 
 
-class FlakyEndpoint:
-    """A reward server on 127.0.0.1: its first `fail` requests answer 503, the next `slow` ones reply after the client's
-    timeout, then it recovers (exact match). Counts its requests."""
-
-    def __init__(self, fail: int, slow: int, slow_s: float):
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.requests, self.lock = 0, threading.Lock()
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                import time
-
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with endpoint.lock:
-                    endpoint.requests += 1
-                    n = endpoint.requests
-                if n <= fail:
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                if n <= fail + slow:
-                    time.sleep(slow_s)
-                data = json.dumps({"reward": float(body["completion"].strip() == body["answer"])}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_remote_endpoint_that_fails_then_recovers_loses_nothing_and_records_its_failures(ray_cluster, workdir):
-    server = FlakyEndpoint(fail=6, slow=4, slow_s=1.5)
+    server = Endpoint([("status", 503)] * 6 + [("sleep", 1.5)] * 4)  # 503s, then replies after the timeout, then well
     try:
         plan = pipeline(workdir, {"http": {"url": server.url, "timeout_s": 0.5, "retries": 1, "backoff_s": 0.05,
                                            "concurrency": 2}, "concurrency": 2}, steps=3)

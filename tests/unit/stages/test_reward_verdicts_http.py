@@ -3,13 +3,10 @@ backoff, timeouts and concurrency limit against a real server on 127.0.0.1 (stag
 
 from __future__ import annotations
 
-import json
 import math
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from reward_endpoint import Endpoint
 
 from rlflow.stages.reward_http import MAX_BACKOFF_S, HttpReward, backoff, parse_reply
 from rlflow.stages.reward_judge import Unparseable, score_0_10, template_problem, verdict_rule, yes_no
@@ -68,55 +65,6 @@ def test_parse_reply_takes_a_number_or_a_reward_field():
 def test_backoff_doubles_up_to_a_cap():
     assert [backoff(k, 0.5) for k in (1, 2, 3)] == [0.5, 1.0, 2.0]
     assert backoff(20, 0.5) == MAX_BACKOFF_S
-
-
-class Endpoint:
-    """A reward server on 127.0.0.1 whose replies a test scripts: `plan` is a list of ("status", code) / ("sleep", s) /
-    ("ok", reward) popped per request (then "ok" exact match); it counts requests and the most in flight at once."""
-
-    def __init__(self, plan=(), hold_s: float = 0.0):
-        self.plan, self.hold_s, self.lock = list(plan), hold_s, threading.Lock()
-        self.requests, self.in_flight, self.peak, self.bodies = 0, 0, 0, []
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with endpoint.lock:
-                    endpoint.requests += 1
-                    endpoint.in_flight += 1
-                    endpoint.peak = max(endpoint.peak, endpoint.in_flight)
-                    endpoint.bodies.append(body)
-                    step = endpoint.plan.pop(0) if endpoint.plan else ("ok", None)
-                try:
-                    time.sleep(endpoint.hold_s)
-                    if step[0] == "sleep":
-                        time.sleep(step[1])
-                    if step[0] == "status":
-                        self.send_response(step[1])
-                        self.end_headers()
-                        return
-                    reward = step[1] if step[1] is not None else float(body["completion"] == body["answer"])
-                    data = json.dumps({"reward": reward}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                finally:
-                    with endpoint.lock:
-                        endpoint.in_flight -= 1
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
