@@ -17,7 +17,9 @@ The target is a Taskset, a Taskset class, a verifiers Env (its `.taskset`), or a
 
 Not adapted: a verifiers Env as a rollout `env:`. Its `run(task, agents)` drives the model itself through an
 OpenAI-compatible client, where rlflow's episodes are driven by the rollout engine and step an environment per turn;
-compile says so by name (verifiers-env-not-steppable).
+compile says so by name (verifiers-env-not-steppable). docs/guides/datasets-and-environments.md records what running
+one would take (harness programs as uv scripts, tool servers installed per task, an OpenAI-compatible endpoint over
+the rollout engine that keeps token ids) as measured with verifiers 0.4.
 """
 
 from __future__ import annotations
