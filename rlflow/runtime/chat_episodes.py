@@ -13,6 +13,9 @@ differently when the conversation is the model's chat template instead of raw te
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from rlflow.stages.chat_template import ChatRenderer
 from rlflow.stages.environment import EnvStep
 from rlflow.stages.tool_parsers import parse
@@ -36,6 +39,10 @@ class ChatForm:
         """A fresh episode: its conversation starts in the template."""
         traj.prompt_ids = self.renderer.prompt_ids(traj.prompt, self.system_prompts.get(traj.task))
 
+    def prompt_length(self, task: str, prompt: str) -> int:
+        """The length of `prompt`'s ids as begin() renders them for a trajectory of `task`."""
+        return len(self.renderer.prompt_ids(prompt, self.system_prompts.get(task)))
+
     def is_call(self, traj: Trajectory, action: str) -> bool:
         return traj.finish_reason == "stop" and bool(parse(self.parser, action))
 
@@ -45,3 +52,16 @@ class ChatForm:
         if result.done:
             return result
         return EnvStep(self.renderer.observation_ids(turn_ids, result.observation), result.reward, False)
+
+
+def prompt_measures(plan, tokenizer) -> dict[str, Callable[[str], int]]:
+    """Each task served by a stage with tools -> the length of a prompt as that stage renders it (template, tools
+    block, the task's system prompt): what the driver's prompt-length checks measure for those tasks, since the raw
+    prompt they encode is not what the engine gets (runtime/prompt_source.py)."""
+    out = {}
+    for stage in plan.rollout_stages():
+        first = plan.rollouts(stage)[0]
+        if first.episode and first.episode.get("tools"):
+            form = ChatForm(first.episode, tokenizer)
+            out |= {task: functools.partial(form.prompt_length, task) for task in first.tasks}
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -254,18 +255,24 @@ def check_sources(tasks: dict[str, dict], source: str) -> None:
         _TaskRows(name, spec, 0, source).check_head()
 
 
-def too_long(where: str, prompt: str, n_tokens: int, budget: int, max_model_len: int) -> tuple[str, str, str]:
-    """(message, rule, fix) for a prompt that leaves no room for its completion."""
-    return (f"the prompt at {where} ({prompt[:40]!r}) has {n_tokens} tokens; with max_new_tokens {budget} that exceeds "
-            f"model.max_model_len {max_model_len}", "prompt-too-long",
-            "raise model.max_model_len, lower max_new_tokens, or shorten the prompts")
+def too_long(where: str, prompt: str, n_tokens: int, budget: int, max_model_len: int,
+             chat_form: bool = False) -> tuple[str, str, str]:
+    """(message, rule, fix) for a prompt that leaves no room for its completion (`chat_form`: measured as a stage with
+    tools renders it, the tools block included)."""
+    has = "renders in chat form, with the stage's tools, to" if chat_form else "has"
+    return (f"the prompt at {where} ({prompt[:40]!r}) {has} {n_tokens} tokens; with max_new_tokens {budget} that "
+            f"exceeds model.max_model_len {max_model_len}", "prompt-too-long",
+            "raise model.max_model_len, lower max_new_tokens, " + ("shorten the prompts or offer fewer tools"
+                                                                   if chat_form else "or shorten the prompts"))
 
 
 def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: dict[str, int], max_model_len: int,
-                         source: str) -> None:
+                         source: str, measure: dict[str, Callable[[str], int]] | None = None) -> None:
     """Every prompt in each file's head fits model.max_model_len with its task's max_new_tokens: `rlflow run` checks
     this once the model's tokenizer is at hand and before any actor starts (a row past the head is checked when
-    drawn). Exit 2 naming the file's line."""
+    drawn). Exit 2 naming the file's line. `measure`: tasks whose rollout stage renders the prompt itself (a stage
+    with tools: runtime/chat_episodes.py prompt_measures) -> the rendered prompt's length."""
+    measure = measure or {}
     for name, spec in tasks.items():
         if generated(spec["source"]):  # checked as drawn
             continue
@@ -278,16 +285,19 @@ def check_prompt_lengths(tasks: dict[str, dict], tokenizer, *, max_new_tokens: d
             except ValueError as err:
                 task.fail(f"cannot format the prompt at {where} as chat: {err}", "no-chat-template",
                           "use prompt_format: raw, or a model whose tokenizer has a chat template")
-            if len(ids) + budget > max_model_len:
-                task.fail(*too_long(where, prompt_text(prompt), len(ids), budget, max_model_len))
+            n = measure[name](prompt_text(prompt)) if name in measure else len(ids)
+            if n + budget > max_model_len:
+                task.fail(*too_long(where, prompt_text(prompt), n, budget, max_model_len, name in measure))
 
 
 class PromptSource:
     """The next prompt (messages.Prompt) for a set of tasks."""
 
     def __init__(self, tasks: dict[str, dict], tokenizer, *, max_new_tokens: dict[str, int], max_model_len: int,
-                 seed: int, source: str, skip: dict[str, int] | None = None):
+                 seed: int, source: str, skip: dict[str, int] | None = None,
+                 measure: dict[str, Callable[[str], int]] | None = None):
         quiet_ray_data()  # the run prints its own progress
+        self.measure = dict(measure or {})  # as check_prompt_lengths: prompts a chat-form stage renders itself
         self.tokenizer, self.max_new_tokens, self.max_model_len = tokenizer, max_new_tokens, max_model_len
         self.weights = {name: float(spec.get("weight", 1.0)) for name, spec in tasks.items()}
         self.streams = {name: _TaskRows(name, spec, seed, source) for name, spec in tasks.items()}
@@ -314,9 +324,10 @@ class PromptSource:
             stream.stop(f"cannot format prompt {n} as chat: {err}", "no-chat-template",
                         "use prompt_format: raw, or a model whose tokenizer has a chat template")
         budget = self.max_new_tokens[task]
-        if len(ids) + budget > self.max_model_len:
+        n_tokens = self.measure[task](prompt_text(prompt)) if task in self.measure else len(ids)
+        if n_tokens + budget > self.max_model_len:
             where = stream.where(lambda r: isinstance(r, dict) and r.get(prompt_field) == row[prompt_field], "prompt-too-long")
-            stream.stop(*too_long(where, prompt_text(prompt), len(ids), budget, self.max_model_len))
+            stream.stop(*too_long(where, prompt_text(prompt), n_tokens, budget, self.max_model_len, task in self.measure))
         return Prompt(task, n, prompt_text(prompt), answer, ids, plain(row))
 
     def position(self) -> dict[str, int]:

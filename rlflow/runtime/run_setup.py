@@ -33,6 +33,7 @@ def start(run) -> None:
     actors, publish the first weights and start the reward streams."""
     from transformers import AutoTokenizer
 
+    from rlflow.runtime.chat_episodes import prompt_measures
     from rlflow.runtime.model import prepare_model
     from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.prompt_source import PromptSource, check_prompt_lengths, check_sources
@@ -48,8 +49,9 @@ def start(run) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     max_new = plan.max_new_tokens()
     max_model_len = plan.model["max_model_len"]
+    measure = prompt_measures(plan, tokenizer)  # tasks of stages with tools: their prompts as the stage renders them
     check_prompt_lengths(plan.tasks, tokenizer, max_new_tokens=max_new, max_model_len=max_model_len,
-                         source=plan.source)  # an over-long prompt in a file's head, before any actor starts
+                         source=plan.source, measure=measure)  # an over-long prompt in a file's head, before any actor starts
     run.clock.mark("model")
     run.store = PayloadStore.options(num_cpus=plan.payload_store.num_cpus).remote()
     run.weights = ParameterServerHandle(plan.parameter_server, CALL_TIMEOUT_S)
@@ -64,7 +66,7 @@ def start(run) -> None:
         resumed = run.ledger.resume(state["step"])
     run.prompts = PromptSource(plan.tasks, tokenizer, max_new_tokens=max_new,
                                max_model_len=max_model_len, seed=plan.pipeline["data"]["seed"],
-                               source=plan.source, skip=resumed.drawn if resumed else None)
+                               source=plan.source, skip=resumed.drawn if resumed else None, measure=measure)
     run.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=run.store, buffer=run.buffer, prompts=run.prompts,
                                ledger=run.ledger, counts=run.counts, log=run.log) for s in rollout_stages]
     run.elastic = Scaling(run.fleets, run.out_dir, log=run.log)  # `rlflow scale`, and elastic.auto

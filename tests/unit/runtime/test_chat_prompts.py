@@ -190,3 +190,33 @@ def test_smollm2_chat_prompt_is_its_own_template():
     ids = encode_prompt(tok, "12+7=", "chat", SYSTEM)
     assert ids == template_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "12+7="}])
     assert tok.decode(ids) == f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n12+7=<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_stage_with_tools_measures_its_prompts_as_it_renders_them(repo):
+    """A stage with tools sends the engine its prompt in chat form, the tools block included: the driver's length
+    check measures that (runtime/chat_episodes.py prompt_measures), not the raw prompt it encodes."""
+    from rlflow.plan_model import Plan
+    from rlflow.runtime.chat_episodes import ChatForm, prompt_measures
+    from rlflow.stages.tiny_model import tokenizer_for
+    from rlflow.stages.trajectory import Trajectory
+
+    plan = Plan.of(compile_pipeline(repo / "pipelines" / "agentic_tools.yaml"))
+    tok = tokenizer_for("calc", plan.pipeline["seed"])
+    measure = prompt_measures(plan, tok)
+    assert set(measure) == {"main"}
+    traj = Trajectory(group_id="g", index=0, task="main", prompt="3+4=", answer="7", prompt_ids=[])
+    ChatForm(plan.rollouts("rollout")[0].episode, tok).begin(traj)  # what the rollout worker hands the engine
+    n = measure["main"]("3+4=")
+    assert n == len(traj.prompt_ids) and n > len(tok("3+4=")["input_ids"]) + 50  # the tools block counts
+
+    def draw(max_model_len: int, **kw):
+        source = PromptSource(plan.tasks, tok, max_new_tokens={"main": 8}, max_model_len=max_model_len, seed=0,
+                              source="p.yaml", **kw)
+        source.streams["main"].next_row = lambda: {"prompt": "3+4=", "answer": "7"}
+        return source.next(["main"])
+
+    assert draw(n + 8, measure=measure).prompt == "3+4="  # fits exactly
+    assert draw(n + 7).prompt == "3+4="  # the raw prompt alone fits: what the check measured before
+    with pytest.raises(BadRow) as e:
+        draw(n + 7, measure=measure)
+    assert e.value.problem.rule == "prompt-too-long" and "in chat form" in e.value.problem.message
