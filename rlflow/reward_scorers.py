@@ -145,11 +145,13 @@ def check_reward_gpus(spec, count) -> list[Problem]:
 
 def lowered(stage, base_dir: Path, resolve) -> list[dict]:
     """The plan's scorers of a reward stage: [] for a plain `fn` stage (the plan keeps its old form), else one dict
-    per part {weight, fn | model | judge | http}, model directories absolute (`resolve`: component_checks')."""
+    per part {weight, fn | model | judge | http}, model directories absolute (`resolve`: component_checks'), models and
+    judges with the stage's dtype."""
     if stage.fn is not None:
         return []
     parts = stage.scorers if stage.scorers is not None else [stage]
-    return [_lower_part(p, base_dir, resolve) for p in parts]
+    lowered = [_lower_part(p, base_dir, resolve) for p in parts]
+    return [p | {"dtype": stage.dtype} if "model" in p or "judge" in p else p for p in lowered]
 
 
 def _lower_part(part, base_dir: Path, resolve) -> dict:
@@ -180,4 +182,5 @@ def reward_settings(stage: dict) -> str:
                 f"judge={p['judge']['model']} verdict={p['judge']['verdict']}" if p.get("judge") else
                 f"http={p['http']['url']}" if p.get("http") else "nothing")
         shown.append(what if len(parts) == 1 else f"{p.get('weight', 1.0):g} x {what}")
-    return " + ".join(shown) + (f" batch_size={stage['batch_size']}" if stage.get("batch_size") else "")
+    return " + ".join(shown) + (f" batch_size={stage['batch_size']}" if stage.get("batch_size") else "") + (
+        f" dtype={stage['dtype']}" if stage.get("dtype", "auto") != "auto" else "")

@@ -319,6 +319,9 @@ class RewardStage(Strict):
     """Several of the above, each with a weight: the reward is their weighted sum (a trajectory fails if one part fails)."""
     batch_size: PositiveInt = 16
     """Trajectories per forward pass of a reward model or judge (the memory a worker needs grows with it)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of the stage's reward models and judges: auto is bfloat16 on a GPU that has it (float16 on one
+    that does not), float32 on CPU; a 7B reward model takes 14 GB in bfloat16, 28 GB in float32."""
     eval_fn: str | None = None
     """The reward function held-out evaluation (data.eval) scores with; default: fn, or the first fn of scorers."""
     concurrency: PositiveInt = 1

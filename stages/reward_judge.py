@@ -100,21 +100,23 @@ class Judge:
     """Verdicts on items ({prompt, completion, answer}) from a causal LM in this process, batch_size at a time."""
 
     def __init__(self, model_dir: str, template: str, verdict: str, *, max_new_tokens: int = 8, timeout_s: float = 30.0,
-                 batch_size: int = 8, device: str | None = None):
+                 batch_size: int = 8, device: str | None = None, dtype: str = "auto"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from rlflow.stages.hf_quiet import no_progress_bars
+        from rlflow.stages.reward_model import weights_dtype
 
         self.template, self.rule, self.verdict = template, verdict_rule(verdict), verdict
         self.max_new_tokens, self.timeout_s, self.batch_size = max_new_tokens, timeout_s, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = weights_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = self.tokenizer.truncation_side = "left"  # generation continues on the right
         with no_progress_bars():
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
         room = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
         self.max_prompt = max(min(room, self.tokenizer.model_max_length), 1)
         self.last_verdicts: list[str] = []  # the judge's text of the last batch (for tests and debugging)

@@ -114,16 +114,29 @@ def model_dir_problem(path: Path) -> str | None:
     return None
 
 
+def weights_dtype(dtype: str, device: str):
+    """The torch dtype a reward model or judge loads in: `dtype` as declared; auto is bfloat16 on a CUDA GPU that has
+    it, float16 on one that does not, float32 elsewhere."""
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 class RewardModel:
     """Scores (prompt, completion) pairs with a sequence-classification model, batch_size at a time, on `device`.
     The text is the tokenizer's chat template over a user and an assistant turn when it has one, else prompt +
     completion; longer texts keep their end (the completion)."""
 
-    def __init__(self, model_dir: str, batch_size: int = 16, device: str | None = None):
+    def __init__(self, model_dir: str, batch_size: int = 16, device: str | None = None, dtype: str = "auto"):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = weights_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -131,7 +144,8 @@ class RewardModel:
         from rlflow.stages.hf_quiet import no_progress_bars
 
         with no_progress_bars():
-            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir).to(self.device).eval()
+            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=self.dtype)
+            self.model = self.model.to(self.device).eval()
         if self.model.config.pad_token_id is None:  # it finds each row's last token by the pad id
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.max_length = min(self.tokenizer.model_max_length, getattr(self.model.config, "max_position_embeddings", 512))

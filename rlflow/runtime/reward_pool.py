@@ -92,13 +92,13 @@ def _batched(spec: dict, batch_size: int):
     if spec.get("model"):
         from rlflow.stages.reward_model import RewardModel
 
-        return RewardModel(spec["model"], batch_size=batch_size)
+        return RewardModel(spec["model"], batch_size=batch_size, dtype=spec.get("dtype", "auto"))
     if spec.get("judge"):
         from rlflow.stages.reward_judge import Judge
 
         j = spec["judge"]
         return Judge(j["model"], j["template"], j["verdict"], max_new_tokens=j.get("max_new_tokens", 8),
-                     timeout_s=j.get("timeout_s", 30.0), batch_size=batch_size)
+                     timeout_s=j.get("timeout_s", 30.0), batch_size=batch_size, dtype=spec.get("dtype", "auto"))
     from rlflow.stages.reward_http import HttpReward
 
     h = spec["http"]

@@ -95,3 +95,12 @@ def test_actors_follow_replicas_and_resources():
     assert all(a["num_cpus"] == 0.5 for a in rollouts)
     roles = {a["role"] for a in plan["actors"]}
     assert {"trainer", "payload_store", "parameter_server"} <= roles
+
+
+def test_a_reward_stage_dtype_reaches_its_model_scorers_only():
+    plan = compile_pipeline(REPO / "pipelines" / "reward_model.yaml", ["stages.score.dtype=bfloat16"])
+    (op,) = [o for o in plan["data_operators"] if o.get("scorers")]
+    assert [p.get("dtype") for p in op["scorers"]] == [None, "bfloat16"]  # fn: none; the reward model: declared
+    default = compile_pipeline(REPO / "pipelines" / "reward_model.yaml")
+    (op,) = [o for o in default["data_operators"] if o.get("scorers")]
+    assert [p.get("dtype") for p in op["scorers"]] == [None, "auto"]

@@ -15,10 +15,15 @@ def test_tiny_reward_scores_the_same_on_the_gpu(tmp_path):
     from rlflow.stages.reward_model import RewardModel, build_tiny_reward
 
     path = str(build_tiny_reward(cache_dir=tmp_path, progress=lambda line: None))
-    on_gpu = RewardModel(path, batch_size=3, device="cuda")
+    import torch
+
+    on_gpu = RewardModel(path, batch_size=3, device="cuda", dtype="float32")
     assert next(on_gpu.model.parameters()).is_cuda
     cpu = [r for r, _, _ in RewardModel(path, batch_size=3, device="cpu").score(ITEMS)]
     assert [r for r, _, _ in on_gpu.score(ITEMS)] == pytest.approx(cpu, abs=1e-3)
+    auto = RewardModel(path, batch_size=3, device="cuda")  # dtype auto: bfloat16 on a GPU that has it
+    assert next(auto.model.parameters()).dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    assert [r for r, _, _ in auto.score(ITEMS)] == pytest.approx(cpu, abs=0.05)
 
 
 def test_a_judge_gives_the_same_verdicts_on_the_gpu():
@@ -28,6 +33,7 @@ def test_a_judge_gives_the_same_verdicts_on_the_gpu():
     path = str(build_tiny_llama("repeat", progress=lambda line: None))
     verdicts = []
     for device in ("cpu", "cuda"):
-        judge = Judge(path, "{completion}*2=", "regex:ga", max_new_tokens=6, batch_size=4, device=device)
+        judge = Judge(path, "{completion}*2=", "regex:ga", max_new_tokens=6, batch_size=4, device=device,
+                      dtype="float32")  # greedy verdicts match in the same precision
         verdicts.append(judge.score(ITEMS))
     assert verdicts[0] == verdicts[1]

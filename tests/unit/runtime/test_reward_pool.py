@@ -44,6 +44,21 @@ def test_tiny_reward_scores_the_share_of_digit_tokens(tiny_reward):
     assert got == pytest.approx(want, abs=1e-3) and got[0] > got[2] > got[3] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_reward_model_loads_in_the_declared_dtype(tiny_reward):
+    """auto is float32 off a GPU; a declared dtype is what loads, and scores within its precision."""
+    import torch
+
+    from rlflow.stages.reward_model import RewardModel
+
+    items = [{"prompt": p, "completion": c} for p, c in [("97+5=", "102"), ("ga*2=", "ga ga"), ("1+1=", "two")]]
+    scores = {}
+    for dtype, want in [("auto", torch.float32), ("bfloat16", torch.bfloat16)]:
+        model = RewardModel(tiny_reward, batch_size=3, device="cpu", dtype=dtype)
+        assert {p.dtype for p in model.model.parameters()} == {want}
+        scores[dtype] = [r for r, _, _ in model.score(items)]
+    assert scores["bfloat16"] == pytest.approx(scores["auto"], abs=0.05) and scores["bfloat16"] != scores["auto"]
+
+
 def test_a_weighted_sum_of_a_function_and_a_reward_model(tiny_reward):
     from transformers import AutoTokenizer
 
