@@ -469,7 +469,7 @@ class TrainStage(Strict):
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """constant: `lr` throughout (after any warmup). cosine: from `lr` down to lr_min_ratio x lr at the last step:
     steadier late steps when a run is long enough to overshoot at a constant rate. Set per optimizer step from the
-    trainer's version (stages/trainer.py lr_factor), so a resumed run continues the schedule; logged as `lr`."""
+    trainer's version (stages/lr_schedule.py lr_factor), so a resumed run continues the schedule; logged as `lr`."""
     lr_warmup_steps: NonNegInt = 0
     """Steps of linear warmup to `lr`: step k (0-based) runs at (k + 1) / W x lr, so the first step moves (0: none)."""
     lr_min_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1

@@ -3,7 +3,9 @@
 The loss math lives in small pure modules: the algorithm's advantage estimator (stages/advantages.py), policy loss
 (stages/policy_losses.py, PPO-clip in stages/grpo.py), aggregation (stages/loss_agg.py), KL (stages/kl.py) and
 reward shaping (stages/reward_shaping.py); micro-batch layouts (padded, packed) in stages/packing.py, chunked
-log-probs in stages/logprobs.py; this module is plumbing: the DeepSpeed engine, weights and checkpoints. With N
+log-probs in stages/logprobs.py; the process group, engine config and model loading in stages/deepspeed_setup.py, the
+batch checks and the non-finite verdict in stages/step_checks.py, the lr schedule in stages/lr_schedule.py; this module
+is plumbing: the DeepSpeed engine, weights and checkpoints. With N
 data-parallel ranks (one process each, joined in one process group by rlflow/runtime/trainer_worker.py), each rank
 trains a shard of the batch cut by stages/batch_shards.py; `train_step` is the one-rank case of `train_shard`.
 """
@@ -12,13 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
-import os
-import socket
 import time
 import warnings
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -26,148 +24,14 @@ import torch
 
 from rlflow.stages import advantages, critic, grpo, kl, loss_agg, packing, policy_losses
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
+from rlflow.stages.deepspeed_setup import checkpoint_layers_in_eval, engine_config, init_distributed, load_model
 from rlflow.stages.logprobs import TokenLogprobs, supports
+from rlflow.stages.lr_schedule import lr_factor
+from rlflow.stages.step_checks import check_batch, loss_agg_mode_of, nonfinite_verdict, optimizer_held
 from rlflow.stages.trajectory import Trajectory
 from rlflow.stages.weight_buckets import BUCKET_BYTES, module_buckets, module_layouts
 
 _CLIENT_KEY = "rlflow"  # our entry in DeepSpeed's client_state: {"version": int, "client": user dict}
-
-
-#: how long a collective (or joining the process group) may wait for the other ranks before it fails
-COLLECTIVE_TIMEOUT = timedelta(minutes=10)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _init_distributed() -> None:
-    """Join (or create) the process group DeepSpeed needs: the ranks' launcher (trainer_worker.py) sets RANK,
-    WORLD_SIZE and MASTER_ADDR/PORT; a process on its own gets a world of one on a free port."""
-    import deepspeed
-    import deepspeed.comm as ds_comm
-
-    if torch.distributed.is_initialized() and ds_comm.is_initialized():
-        return
-    if not torch.distributed.is_initialized():  # else the caller made the group; DeepSpeed wraps it
-        if "WORLD_SIZE" not in os.environ:  # not under a launcher: a world of one
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(free_port())
-    if not torch.cuda.is_available():
-        # DeepSpeed's CPU backend builds its shared-memory all-reduce op (a ~2 min C++ compile on first use)
-        # for every process group, but only its inference_all_reduce uses it; training all-reduces go through
-        # torch.distributed (gloo). Mark it unavailable to skip the build, for any world size.
-        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-        deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, timeout=COLLECTIVE_TIMEOUT)
-
-
-def _engine_config(deepspeed_config: str | dict, lr: float, micro_batch_size: int | None, dtype: str = "float32") -> dict:
-    if isinstance(deepspeed_config, (str, os.PathLike)):
-        with open(deepspeed_config) as f:
-            cfg = json.load(f)
-    else:
-        cfg = copy.deepcopy(deepspeed_config)
-    cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    params = cfg["optimizer"].setdefault("params", {})
-    params["lr"] = lr
-    if not torch.cuda.is_available() and cfg["optimizer"].get("type", "").lower() in ("adam", "adamw"):
-        params.setdefault("torch_adam", True)  # else DeepSpeed JIT-compiles FusedAdam (~90 s on CPU)
-    if micro_batch_size is not None:
-        cfg["train_micro_batch_size_per_gpu"] = micro_batch_size
-    cfg.setdefault("train_micro_batch_size_per_gpu", 8)
-    # model.dtype decides the precision (one declaration for rollout and train): bf16/fp16 mode or neither
-    cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": dtype == "bfloat16"}
-    cfg["fp16"] = {**cfg.get("fp16", {}), "enabled": dtype == "float16"}
-    # A batch is any number of micro-batches; train_step marks the accumulation boundary itself.
-    cfg["gradient_accumulation_steps"] = 1
-    cfg.pop("train_batch_size", None)
-    return cfg
-
-
-def _load_model(model_dir: str, zero3_config: dict | None = None):
-    """The causal LM in fp32; with a ZeRO-3 config, built inside deepspeed.zero.Init (each rank holds only its
-    partition, in the config's dtype) and filled one tensor at a time from the safetensors checkpoint."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if zero3_config is None:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    import deepspeed
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
-    model.tie_weights()
-    _fill_partitioned(model, model_dir)
-    return model
-
-
-def _fill_partitioned(model, model_dir: str) -> None:
-    """Copy a safetensors checkpoint into a ZeRO-3 partitioned model: per parameter, every rank gathers it, rank 0
-    reads that one tensor (memory-mapped) and writes it, and the exit re-partitions it from rank 0."""
-    import deepspeed
-    from safetensors import safe_open
-
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{model_dir}: ZeRO-3 loads safetensors weights and found none; "
-                                "re-save the model with save_pretrained(safe_serialization=True)")
-    params = dict(model.named_parameters())  # a tied weight appears once, under its first name
-    writer = torch.distributed.get_rank() == 0
-    for name in files:
-        with safe_open(os.path.join(model_dir, name), framework="pt") as f:
-            for key in f.keys():  # the file's own order: the same on every rank
-                param = params.pop(key if key in params else f"{model.base_model_prefix}.{key}", None)
-                if param is None:
-                    continue  # the second name of a tied weight
-                with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
-                    if writer:
-                        param.copy_(f.get_tensor(key))
-    if params:
-        raise ValueError(f"{model_dir}: the checkpoint has no weights for {', '.join(sorted(params)[:4])}")
-
-
-def _checkpoint_layers_in_eval(module) -> None:
-    """transformers checkpoints a decoder layer only while the layer is in training mode, and the trainer keeps
-    its model in eval (no dropout): flag the layers themselves; their submodules, dropout included, stay in eval."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    for m in module.modules():
-        if isinstance(m, GradientCheckpointingLayer):
-            m.training = True
-
-
-def lr_factor(schedule: dict | None, step: int) -> float:
-    """The learning rate of optimizer step `step` (0-based) as a fraction of the stage's `lr`.
-
-    schedule: {"kind": "constant"|"cosine", "warmup_steps": W, "min_ratio": m, "total_steps": T} (None: constant).
-    Warmup: (step + 1) / W for the first W steps, so the first step already moves. Cosine: from 1 after warmup
-    down to m at the last step, T - 1. Set by hand before each optimizer step from the trainer's version (which
-    the checkpoint keeps), not by a DeepSpeed scheduler: DeepSpeed's run their first step at a rate of 0.
-    """
-    if not schedule:
-        return 1.0
-    kind, warmup = schedule.get("kind", "constant"), int(schedule.get("warmup_steps", 0))
-    if step < warmup:
-        return (step + 1) / warmup
-    if kind == "constant":
-        return 1.0
-    if kind == "cosine":
-        span = max(1, int(schedule["total_steps"]) - 1 - warmup)
-        progress = min(1.0, (step - warmup) / span)
-        low = float(schedule.get("min_ratio", 0.1))
-        return low + (1.0 - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"lr_schedule kind must be 'constant' or 'cosine', got {kind!r}")
 
 
 class DeepSpeedTrainer:
@@ -261,8 +125,8 @@ class DeepSpeedTrainer:
             # confirmed on a GPU: PyTorch's cuDNN attention (bf16 only) builds a plan per new input shape (hundreds
             # of ms), and micro-batches change shape every pass. Flash / memory-efficient attention do not.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        _init_distributed()
-        cfg = _engine_config(deepspeed_config, lr, micro_batch_size, dtype)
+        init_distributed()
+        cfg = engine_config(deepspeed_config, lr, micro_batch_size, dtype)
         self.lr, self.lr_schedule = lr, lr_schedule
         if "scheduler" in cfg and lr_schedule and (lr_schedule.get("kind") != "constant" or lr_schedule.get("warmup_steps")):
             raise ValueError("the DeepSpeed config has a 'scheduler' and the train stage sets lr_schedule/lr_warmup_steps; "
@@ -273,14 +137,14 @@ class DeepSpeedTrainer:
         if lora is not None and zero3:
             raise ValueError("train.lora runs under ZeRO 0-2 (the adapters are small and the base is frozen); "
                              "use configs/deepspeed/zero1.json")
-        model = _load_model(model_dir, cfg if zero3 else None)
+        model = load_model(model_dir, cfg if zero3 else None)
         model.config.use_cache = False
         if pad_token_id is None:
             pad_token_id = getattr(model.config, "pad_token_id", None) or 0  # padding is masked: any id works
         self.pad_token_id = int(pad_token_id)
         ref = None
         if kl_coef > 0:  # under ZeRO-3 partitioned like the policy; else a copy on each rank
-            ref = _load_model(model_dir, cfg) if zero3 else copy.deepcopy(model)
+            ref = load_model(model_dir, cfg) if zero3 else copy.deepcopy(model)
             ref.config.use_cache = False
             ref.eval().requires_grad_(False)
         if gradient_checkpointing:
@@ -297,7 +161,7 @@ class DeepSpeedTrainer:
         if lora is not None:
             lora_adapters.dropout_on(self.engine.module)  # train.lora.dropout, LoRA's own regulariser (0: none)
         if gradient_checkpointing:
-            _checkpoint_layers_in_eval(self.engine.module)
+            checkpoint_layers_in_eval(self.engine.module)
         self.ref_model = None
         if ref is not None and zero3:  # an engine without optimizer: it gathers the partitioned weights per layer
             inference = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
@@ -311,12 +175,12 @@ class DeepSpeedTrainer:
         self._check_forward(dtype)
         self.critic = None
         if ppo is not None:  # PPO's critic: its own engine and optimizer on these ranks (stages/critic.py)
-            value_lm = _load_model(ppo.pop("critic_model", None) or model_dir, cfg if zero3 else None)
+            value_lm = load_model(ppo.pop("critic_model", None) or model_dir, cfg if zero3 else None)
             if gradient_checkpointing:
                 value_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.critic = critic.Critic(value_lm, cfg, lr, **ppo)
             if gradient_checkpointing:
-                _checkpoint_layers_in_eval(self.critic.engine.module)
+                checkpoint_layers_in_eval(self.critic.engine.module)
 
     # ------------------------------------------------------------------ batching
 
@@ -498,13 +362,13 @@ class DeepSpeedTrainer:
                 group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
         lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
         frozen = self.critic is not None and self.version < self.critic.warmup_steps  # ppo.critic_warmup_steps
-        with _held(self.engine.optimizer) if held or frozen else contextlib.nullcontext():
+        with optimizer_held(self.engine.optimizer) if held or frozen else contextlib.nullcontext():
             self.engine.step()  # its bookkeeping (step count, zeroed gradients) runs either way
         self.version += 1
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()  # ZeRO 1-3 optimizers record the pre-clip norm
         applied = not held and self.engine.was_step_applied()
-        critic_metrics = self.critic.train(batches, value_targets, num_tokens, shard.world_size, _held) if self.critic else {}
+        critic_metrics = self.critic.train(batches, value_targets, num_tokens, shard.world_size, optimizer_held) if self.critic else {}
         return {
             **sums,
             # "": finite; "skipped": a non-finite loss or gradient, not applied (the weights are as before);
@@ -614,55 +478,3 @@ class DeepSpeedTrainer:
         self.ref_model = None
         self._logprobs = self._ref_logprobs = None
         self.critic = None
-
-
-@contextlib.contextmanager
-def _held(optimizer):
-    """The optimizer's step does nothing inside: weights and moments stay as they are (not even Adam's decay of
-    its moments by a zero gradient, which would still move the weights)."""
-    optimizer.step = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        del optimizer.step
-
-
-def nonfinite_verdict(loss: float, grad_norm: float | None, applied: bool, weights_finite: bool) -> str:
-    """One rank's step: "" (finite), "skipped" (a non-finite loss or gradient, not applied) or "poisoned" (the
-    weights are not finite after it: never publish or checkpoint them)."""
-    if not weights_finite:
-        return "poisoned"
-    finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
-    return "" if finite and applied else "skipped"
-
-
-NONFINITE_ORDER = ("", "skipped", "poisoned")
-
-
-def check_batch(trajectories: list[Trajectory], group_size: int) -> None:
-    """Groups of at most group_size (fewer when a reward failed), every member rewarded, one log-prob per token."""
-    if not trajectories:
-        raise ValueError("train_step needs at least one group of trajectories")
-    counts: dict[str, int] = {}
-    for t in trajectories:
-        counts[t.group_id] = counts.get(t.group_id, 0) + 1
-        if t.reward is None:
-            raise ValueError(f"trajectory {t.traj_id} reached the trainer without a reward (reward stage bug)")
-        if len(t.behaviour_logprobs) != len(t.completion_ids):
-            raise ValueError(
-                f"trajectory {t.traj_id}: {len(t.behaviour_logprobs)} behaviour log-probs for "
-                f"{len(t.completion_ids)} completion tokens"
-            )
-        if not t.prompt_ids:
-            raise ValueError(f"trajectory {t.traj_id} has an empty prompt")
-    wrong = {g: n for g, n in counts.items() if n > group_size}
-    if wrong:
-        raise ValueError(f"groups may have at most group_size={group_size} members; got {wrong}")
-
-
-def loss_agg_mode_of(name: str, max_new_tokens: int | None) -> str:
-    """The aggregation mode `name` spells (stages/loss_agg.py), checked: seq-mean-token-sum-norm needs its L."""
-    mode = loss_agg.canonical(name)
-    if mode == "seq-mean-token-sum-norm" and not max_new_tokens:
-        raise ValueError("loss_agg seq-mean-token-sum-norm divides by the generation budget: pass max_new_tokens")
-    return mode

@@ -177,7 +177,7 @@ class StepResult:
     """What one train step reports: trainer_worker.TrainerWorker.train -> train_sink.TrainSink."""
 
     metrics: dict[str, float]  # loss, kl, grad_norm, tokens, ... (stages/trainer.py; merged over the ranks)
-    nonfinite: str  # the worst rank's verdict: "" | "skipped" | "poisoned" (stages/trainer.py NONFINITE_ORDER)
+    nonfinite: str  # the worst rank's verdict: "" | "skipped" | "poisoned" (stages/step_checks.py NONFINITE_ORDER)
     sync_s: float  # seconds publishing the new weights (0 when poisoned: never published)
     ranks: int  # data-parallel ranks that trained it
 

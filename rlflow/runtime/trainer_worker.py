@@ -43,7 +43,8 @@ class TrainerWorker:
         """weights: how versions leave rank 0, {"transport": "object_store" | "collective", "bucket_bytes": int}
         (the plan's weight_sync.transport)."""
         one_thread()
-        from rlflow.stages.trainer import DeepSpeedTrainer, free_port
+        from rlflow.stages.deepspeed_setup import free_port
+        from rlflow.stages.trainer import DeepSpeedTrainer
         from rlflow.stages.weight_buckets import BUCKET_BYTES
 
         self.rank, self.world_size = rank, world_size
@@ -116,7 +117,7 @@ class TrainerWorker:
     def train(self, step: TrainStep) -> StepResult:
         """One step on the consumed groups (rank 0: all ranks train their shard); publishes step.version + 1."""
         from rlflow.stages.batch_shards import merge_rank_metrics
-        from rlflow.stages.trainer import NONFINITE_ORDER, check_batch
+        from rlflow.stages.step_checks import NONFINITE_ORDER, check_batch
 
         trajectories = ray.get(self.store.take.remote(step.traj_ids), timeout=RANK_CALL_TIMEOUT_S)
         hop_trace.mark("taken", step.version + 1)

@@ -1,4 +1,4 @@
-"""A train step that is not finite is never applied nor published (stages/trainer.py nonfinite_verdict), on a real
+"""A train step that is not finite is never applied nor published (stages/step_checks.py nonfinite_verdict), on a real
 DeepSpeed engine and tiny Llama (gloo, one process, CPU)."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import test_trainer
 from trainer_batches import GROUP, load_hf, make_batch
 
-from rlflow.stages.trainer import nonfinite_verdict
+from rlflow.stages.step_checks import nonfinite_verdict
 
 trainer = test_trainer.trainer  # the trainer of those tests; the tiny Llama is tests/unit/conftest.py's
 

@@ -185,7 +185,7 @@ def test_a_group_short_of_a_failed_member_is_normalised_on_its_own():
 
 
 def test_lr_schedule_factors_by_hand():
-    from rlflow.stages.trainer import lr_factor
+    from rlflow.stages.lr_schedule import lr_factor
 
     assert [lr_factor(None, k) for k in (0, 50)] == [1.0, 1.0]
     warm = {"kind": "constant", "warmup_steps": 4, "total_steps": 10}

@@ -7,7 +7,8 @@ import torch
 from test_packing import SGD, assert_same_step, gradient_step, stale
 from trainer_batches import GROUP, build_tiny_llama, build_tiny_qwen2, load_hf, make_batch
 
-from rlflow.stages.trainer import DeepSpeedTrainer, _load_model
+from rlflow.stages.deepspeed_setup import load_model
+from rlflow.stages.trainer import DeepSpeedTrainer
 
 ZERO3 = {**SGD, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
 ALGO = dict(clip_low=0.2, clip_high=0.28, loss_agg="token", max_importance_ratio=5.0)
@@ -39,7 +40,7 @@ def test_zero3_builds_the_model_partitioned_with_the_checkpoints_weights(build, 
         state = tr.state_numpy()
     finally:
         tr.close()
-    model = _load_model(model_dir, ZERO3)
+    model = load_model(model_dir, ZERO3)
     # no rank holds a whole parameter: outside a gather each is an empty placeholder for its partition
     assert all(hasattr(p, "ds_id") and p.numel() == 0 and p.ds_numel > 0 for p in model.parameters())
     expected = load_hf(model_dir).state_dict()
