@@ -1,7 +1,9 @@
 """Prompts as lazy Ray Data streams, one per task, drawn by smooth weighted round-robin over the tasks' weights.
 
 Each task is a Ray Data dataset (a built-in task's rows, or a .jsonl/.json/.parquet file) iterated with
-iter_batches: nothing is pulled whole into the driver, which holds at most a shuffle window and a few batches.
+iter_batches: nothing is pulled whole into the driver, which holds at most a shuffle window and a few batches. A
+`datasets` directory or an Arrow file is memory-mapped in the driver and read a batch at a time, the same windowed
+shuffle applied here (the table stays in the page cache, not the object store).
 Files are read on the driver's node (`on_this_node`), so on a cluster they need to exist only there.
 Order is deterministic for a seed (resume re-creates the streams and skips rows); when a task's rows run out
 a new epoch re-reads them (or reshuffles them in memory when small), reshuffled with seed + epoch.
@@ -44,6 +46,20 @@ SHUFFLE_WINDOW = 10_000
 # A task whose epoch has at most this many rows keeps them after its first epoch and reshuffles them in memory
 # (seed + epoch) instead of re-reading: starting a read costs seconds (Parquet ~3 s here), once per epoch.
 CACHE_ROWS = 4096
+
+
+def window_shuffled(rows, window: int, rng: random.Random):
+    """`rows` in a windowed shuffle: each comes out of a buffer of up to `window` rows refilled in order, chosen by
+    `rng` (deterministic for its seed), as Ray Data's local shuffle buffer does for the other sources."""
+    buffer: list = []
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) >= window:
+            i = rng.randrange(len(buffer))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    yield from buffer
 
 
 def wrr_pick(current: dict[str, float], weights: dict[str, float], tasks: list[str]) -> str:
@@ -113,6 +129,7 @@ class _TaskRows:
         self.epoch, self.in_epoch, self._rows = 0, 0, None
         self._first: list | None = []  # the first epoch's rows while there are at most CACHE_ROWS
         self._cached: list | None = None
+        self._table = None  # a table source's memory-mapped pyarrow Table, read once (_table_rows)
         src = spec["source"]
         if not generated(src) and not Path(src).exists():
             self.fail(f"no such data file '{src}'", "missing-file", "check the path, then re-run rlflow compile")
@@ -138,11 +155,6 @@ class _TaskRows:
             if generated(src):  # builtin:<task>, or a taskset through an adapter (verifiers:...)
                 rows = registry.resolve("task", src)(seed=self.seed, count=limit or BUILTIN_TASK_ROWS)
                 ds = ray.data.from_items(rows)
-            elif is_table(src):  # a `datasets` directory or an Arrow file: memory-mapped here, put in the object store
-                try:
-                    ds = ray.data.from_arrow(read_table(src, self.split))
-                except TableProblem as err:  # changed since the head check
-                    self.stop(*err.problem)
             elif Path(src).suffix == ".parquet":
                 ds = ray.data.read_parquet(src, label_selector=on_this_node())
             elif _is_json_array(src):
@@ -157,6 +169,9 @@ class _TaskRows:
             random.Random(self.seed + self.epoch).shuffle(rows)
             yield from rows
             return
+        if is_table(self.spec["source"]):
+            yield from self._table_rows()
+            return
         batches = iter(self._dataset().iter_batches(batch_size=BATCH_ROWS, batch_format="pyarrow", prefetch_batches=1,
                                                     local_shuffle_buffer_size=SHUFFLE_WINDOW,
                                                     local_shuffle_seed=self.seed + self.epoch))
@@ -167,6 +182,20 @@ class _TaskRows:
                 yield from (map(self._parse, batch.column("text").to_pylist()) if lines else batch.to_pylist())
         finally:
             batches.close()  # ends this epoch's Ray Data execution (also when the source is closed early)
+
+    def _table_rows(self):
+        """A `datasets` directory's or an Arrow file's rows, read from the memory-mapped table in this process (not
+        through Ray Data: `from_arrow` would copy the whole table into the object store, each epoch), shuffled in a
+        window of SHUFFLE_WINDOW rows as the streams are (seed + epoch)."""
+        if self._table is None:
+            try:
+                table = read_table(self.spec["source"], self.split)
+            except TableProblem as err:  # changed since the head check
+                self.stop(*err.problem)
+            limit = self.spec.get("limit")
+            self._table = table.slice(0, limit) if limit else table
+        rows = (row for batch in self._table.to_batches(max_chunksize=BATCH_ROWS) for row in batch.to_pylist())
+        yield from window_shuffled(rows, SHUFFLE_WINDOW, random.Random(self.seed + self.epoch))
 
     def next_row(self) -> dict:
         """The next row (original columns), starting a new epoch when this one is used up."""

@@ -130,6 +130,31 @@ def test_prompt_source_reads_messages_rows(tmp_path):
     assert (p.prompt, p.answer) == ("3+4=", "7") and p.prompt_ids == encode_prompt(tok, CHATS[1][:1], "messages")
 
 
+def test_a_dataset_directory_streams_from_its_memory_map_in_a_windowed_shuffle(tmp_path, monkeypatch):
+    """Rows come from the memory-mapped table in this process (Ray is never started: nothing goes through the object
+    store), every row once per epoch, in a shuffle window that is the same for a seed and new each epoch."""
+    import ray
+
+    from rlflow.runtime import prompt_source
+
+    n = 40
+    datasets.Dataset.from_dict({"q": [f"{i}+1=" for i in range(n)], "a": [str(i + 1) for i in range(n)]}) \
+        .save_to_disk(str(tmp_path / "big"))
+    monkeypatch.setattr(prompt_source, "SHUFFLE_WINDOW", 8)
+    monkeypatch.setattr(prompt_source, "CACHE_ROWS", 0)  # re-read each epoch, as a large table is
+
+    def epochs(seed: int, count: int = 2) -> list[list[int]]:
+        rows = PromptSource({"main": {"source": str(tmp_path / "big"), "prompt_field": "q", "answer_field": "a"}},
+                            None, max_new_tokens={"main": 8}, max_model_len=64, seed=seed, source="p.yaml").streams["main"]
+        return [[int(rows.next_row()["q"].split("+")[0]) for _ in range(n)] for _ in range(count)]
+
+    first, second = epochs(seed=0)
+    assert sorted(first) == sorted(second) == list(range(n))  # each epoch: every row once
+    assert first != second and epochs(seed=0) == [first, second] and epochs(seed=1)[0] != first
+    assert first[0] < 8 and all(row < i + 8 for i, row in enumerate(first))  # never further ahead than the window
+    assert not ray.is_initialized()
+
+
 # --------------------------------------------------------------------------- compile
 
 PIPELINE = """
