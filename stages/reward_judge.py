@@ -3,7 +3,8 @@ writes a verdict, and a named rule turns the verdict into a reward (the LLM-as-a
 LLM-as-a-Judge with MT-Bench and Chatbot Arena", §2). Loaded once per reward actor, run in batches, greedy.
 
 A verdict the rule cannot read fails its trajectory ("verdict 'maybe' is not yes or no"), and so does a batch that
-runs past timeout_s ("timed out"): generation stops at the deadline (transformers' max_time), it never hangs.
+runs past timeout_s ("timed out"): generation stops at the deadline (transformers' max_time, or the vLLM requests
+aborted), it never hangs. The engines (`hf`, `vllm`) are in stages/judge_generate.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 import string
-import time
 from collections.abc import Callable
 
 #: the format fields a judge's template may use
@@ -99,27 +99,33 @@ def template_problem(template: str) -> str | None:
 class Judge:
     """Verdicts on items ({prompt, completion, answer}) from a causal LM in this process, batch_size at a time."""
 
-    def __init__(self, model_dir: str, template: str, verdict: str, *, max_new_tokens: int = 8, timeout_s: float = 30.0,
-                 batch_size: int = 8, device: str | None = None, dtype: str = "auto"):
+    def __init__(self, model_dir: str, template: str, verdict: str, *, engine: str = "hf", max_new_tokens: int = 8,
+                 timeout_s: float = 30.0, batch_size: int = 8, device: str | None = None, dtype: str = "auto",
+                 gpu_memory_utilization: float = 0.5):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlflow.stages.hf_quiet import no_progress_bars
+        from rlflow.stages.judge_generate import HFGreedy, VLLMGreedy
         from rlflow.stages.reward_model import weights_dtype
 
         self.template, self.rule, self.verdict = template, verdict_rule(verdict), verdict
         self.max_new_tokens, self.timeout_s, self.batch_size = max_new_tokens, timeout_s, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = weights_dtype(dtype, self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = self.tokenizer.truncation_side = "left"  # generation continues on the right
-        with no_progress_bars():
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
-        room = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
-        self.max_prompt = max(min(room, self.tokenizer.model_max_length), 1)
+        if engine == "hf":
+            self.generate = HFGreedy(model_dir, max_new_tokens=max_new_tokens, device=self.device, dtype=self.dtype)
+        elif engine == "vllm":
+            self.generate = VLLMGreedy(model_dir, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                       dtype=self.dtype, gpu_memory_utilization=gpu_memory_utilization)
+        else:
+            raise ValueError(f"unknown judge engine {engine!r}; use hf or vllm")
+        self.tokenizer = self.generate.tokenizer
         self.last_verdicts: list[str] = []  # the judge's text of the last batch (for tests and debugging)
+
+    def close(self) -> None:
+        """Shut the engine down (a vLLM judge's engine-core process); the judge is unusable after."""
+        closing = getattr(self.generate, "close", None)
+        if closing:
+            closing()
 
     def prompt(self, item: dict) -> str:
         return self.template.format(prompt=item["prompt"], completion=item["completion"], answer=item.get("answer", ""))
@@ -132,21 +138,15 @@ class Judge:
         return out
 
     def _batch(self, items: list[dict]) -> list[tuple[float, str, bool]]:
-        import torch
+        from rlflow.stages.judge_generate import JudgeTimeout
 
-        started = time.monotonic()
         try:
-            enc = self.tokenizer([self.prompt(it) for it in items], padding=True, truncation=True,
-                                 max_length=self.max_prompt, return_tensors="pt").to(self.device)
-            with torch.inference_mode():
-                ids = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                          max_time=self.timeout_s, pad_token_id=self.tokenizer.pad_token_id)
+            texts = self.generate([self.prompt(it) for it in items], self.timeout_s)
+        except JudgeTimeout:  # cut short: no verdict to trust
+            return [(math.nan, f"the judge timed out after {self.timeout_s:g} s", True)] * len(items)
         except Exception as e:  # noqa: BLE001 - this batch fails by name, the stage goes on
             why = f"the judge raised {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             return [(math.nan, why, False)] * len(items)
-        if time.monotonic() - started >= self.timeout_s:  # max_time cut it short: no verdict to trust
-            return [(math.nan, f"the judge timed out after {self.timeout_s:g} s", True)] * len(items)
-        texts = self.tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         self.last_verdicts = texts
         out = []
         for text in texts:

@@ -97,8 +97,10 @@ def _batched(spec: dict, batch_size: int):
         from rlflow.stages.reward_judge import Judge
 
         j = spec["judge"]
-        return Judge(j["model"], j["template"], j["verdict"], max_new_tokens=j.get("max_new_tokens", 8),
-                     timeout_s=j.get("timeout_s", 30.0), batch_size=batch_size, dtype=spec.get("dtype", "auto"))
+        return Judge(j["model"], j["template"], j["verdict"], engine=j.get("engine", "hf"),
+                     max_new_tokens=j.get("max_new_tokens", 8), timeout_s=j.get("timeout_s", 30.0),
+                     batch_size=batch_size, dtype=spec.get("dtype", "auto"),
+                     gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.5))
     from rlflow.stages.reward_http import HttpReward
 
     h = spec["http"]
@@ -116,6 +118,13 @@ class ScorerPool:
     @property
     def hung(self) -> str:
         return next((p.hung for p in self.parts if p.hung), "")
+
+    def close(self) -> None:
+        """Shut down what the scorers hold beyond memory (a vLLM judge's engine process)."""
+        for p in self.parts:
+            closing = getattr(p.batched, "close", None)
+            if closing:
+                closing()
 
     def score(self, groups: list[dict]) -> list[dict]:
         per_part = [p.score(groups) for p in self.parts]

@@ -160,6 +160,14 @@ class Score:
         # a stage with model / judge / http / scorers: loaded once here, in the actor (reward_pool.py)
         self.pool = ScorerPool(scorers, batch_size, lambda ref: Score(ref, timeout_s)) if scorers else None
 
+    def __del__(self):
+        """Ray Data deletes its actors' UDF when the stream shuts down gracefully (MapWorker.__ray_shutdown__): a vLLM
+        judge's engine closes then, instead of its engine-core process dying under it (an error trace at every
+        run's end)."""
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
+
     def __call__(self, bundles: pa.Table) -> pa.Table:
         scored = [self.score_pool(bundle) if self.pool else [self.score(g) for g in bundle]
                   for bundle in bundles.column("groups").to_pylist()]

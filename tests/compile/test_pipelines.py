@@ -104,3 +104,25 @@ def test_a_reward_stage_dtype_reaches_its_model_scorers_only():
     default = compile_pipeline(REPO / "pipelines" / "reward_model.yaml")
     (op,) = [o for o in default["data_operators"] if o.get("scorers")]
     assert [p.get("dtype") for p in op["scorers"]] == [None, "auto"]
+
+
+def test_a_vllm_judge_without_vllm_is_named_at_compile(tmp_path, monkeypatch):
+    import importlib.util
+
+    import yaml
+
+    from rlflow import reward_scorers
+    from rlflow.compiler import check_pipeline
+    from rlflow.errors import PipelineInvalid
+
+    spec = yaml.safe_load((REPO / "pipelines" / "reward_model.yaml").read_text())
+    spec["stages"]["score"]["scorers"][1] = {"weight": 0.2, "judge": {
+        "model": "builtin:tiny-llama", "engine": "vllm", "template": "{completion}?", "verdict": "yes_no"}}
+    path = tmp_path / "judge.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(reward_scorers.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
+    with pytest.raises(PipelineInvalid) as e:
+        check_pipeline(path)
+    (p,) = [p for p in e.value.problems if p.loc[-1] == "engine"]
+    assert p.rule == "missing-package" and "vllm" in p.fix

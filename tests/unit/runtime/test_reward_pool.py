@@ -117,3 +117,28 @@ def test_prepared_builds_the_tiny_reward_and_points_a_tiny_judge_at_the_policy(m
     assert out[0]["model"] == str(tmp_path / "models" / "tiny-reward-v1") and out[1]["judge"]["model"] == "/policy"
     with pytest.raises(ValueError, match="needs the run's tiny Llama"):
         prepared([{"judge": judge}], None)
+
+
+@pytest.mark.vllm
+def test_a_vllm_judge_writes_the_verdicts_an_hf_judge_writes_and_times_out_by_name(repeat_model_dir):
+    """engine vllm (stages/judge_generate.py): greedy on the vLLM rollout engine gives the same verdict texts as
+    transformers' generate, several batches through one engine; a batch past its timeout fails by name."""
+    pytest.importorskip("vllm")
+    from rlflow.stages.reward_judge import Judge
+
+    items = [{"prompt": "", "completion": w, "answer": ""} for w in ("ga", "eh", "ga ga", "97+5")]
+    texts = {}
+    for engine in ("hf", "vllm"):
+        judge = Judge(str(repeat_model_dir), "{completion}*2=", "regex:ga", engine=engine, max_new_tokens=6,
+                      batch_size=3, timeout_s=60.0)
+        out = judge.score(items)  # two batches: 3, then 1
+        assert all(not why for _, why, _ in out)
+        texts[engine] = [judge.generate([judge.prompt(it)], 60.0)[0] for it in items]
+        assert [r for r, _, _ in out] == [float("ga" in t) for t in texts[engine]]
+    assert texts["vllm"] == texts["hf"]
+    judge.timeout_s = 1e-4  # the vLLM judge, with no time at all: its requests are aborted
+    (reward, why, timed_out), = judge.score(items[:1])
+    assert math.isnan(reward) and timed_out and why == "the judge timed out after 0.0001 s"
+    judge.timeout_s = 60.0  # and the engine still serves the next batch
+    assert judge.score(items[:1])[0][0] == float("ga" in texts["vllm"][0])
+    judge.close()
