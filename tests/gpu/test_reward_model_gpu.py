@@ -37,3 +37,19 @@ def test_a_judge_gives_the_same_verdicts_on_the_gpu():
                       dtype="float32")  # greedy verdicts match in the same precision
         verdicts.append(judge.score(ITEMS))
     assert verdicts[0] == verdicts[1]
+
+
+@pytest.mark.vllm
+def test_a_vllm_judge_gives_the_hf_verdicts_on_the_gpu():
+    pytest.importorskip("vllm")
+    from rlflow.stages.reward_judge import Judge
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    path = str(build_tiny_llama("repeat", progress=lambda line: None))
+    hf = Judge(path, "{completion}*2=", "regex:ga", max_new_tokens=6, batch_size=4, device="cuda", dtype="float32")
+    vllm = Judge(path, "{completion}*2=", "regex:ga", engine="vllm", max_new_tokens=6, batch_size=4, dtype="float32",
+                 gpu_memory_utilization=0.3)
+    try:
+        assert vllm.score(ITEMS) == hf.score(ITEMS)
+    finally:
+        vllm.close()
