@@ -1,5 +1,5 @@
 """`algo: ppo` on the real stack: the critic trains on the trainer's ranks beside the policy, its metrics reach the
-step rows and MLflow, and a resume restores it from the checkpoint it shares with the policy."""
+step rows and MLflow, and its checkpoint is the policy's tag; a resume restores it from there (slow)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ class Crash(Exception):
     """The driver dies here (no checkpoint at exit), after the checkpoint of step 2."""
 
 
-def test_a_ppo_run_trains_its_critic_and_a_resume_restores_it(ray_cluster, workdir):
-    import mlflow
-
+def crashed_ppo_run():
+    """A PPO run whose driver dies after the checkpoint of step 2, checked: the critic trained and was saved with the
+    policy. Returns its plan and run directory."""
     from rlflow.runtime.driver import Run
 
     def dies_after_step_2(run, _event):
@@ -49,7 +49,27 @@ def test_a_ppo_run_trains_its_critic_and_a_resume_restores_it(ray_cluster, workd
     assert any(name.startswith("critic/") for name in manifest)  # one tag, one manifest: policy and critic
     saved = torch.load(tag / "critic" / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     assert saved["value_head.weight"].abs().sum() > 0
+    return plan, out, first
 
+
+def test_a_ppo_run_trains_its_critic_and_checkpoints_it_with_the_policy(ray_cluster, workdir):
+    import mlflow
+
+    _, _, first = crashed_ppo_run()
+    data = mlflow.get_run(first.tracker.run_id).data
+    assert {"train/critic/loss", "train/critic/value_mean", "train/critic/explained_variance"} <= set(data.metrics)
+
+
+# the trainer's load of the critic and its optimizer state: tests/unit/stages/test_critic.py::
+# test_a_checkpoint_restores_the_critic; a resume's load of the checkpoint on the real stack (the same
+# load_checkpoint call): tests/integration/test_run.py::test_buffered_groups_are_restored_not_generated_again
+@pytest.mark.slow
+def test_a_ppo_resume_restores_its_critic(ray_cluster, workdir):
+    import mlflow
+
+    from rlflow.runtime.driver import Run
+
+    plan, out, _ = crashed_ppo_run()
     resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
     resumed.run()
     step3 = {h["step"]: h for h in resumed.history}[3]
