@@ -30,10 +30,26 @@ def assert_accounted(run) -> None:
     assert_ledger(run.out_dir, steps=len(run.history), batch=run.control["batch_size"], eta=eta)  # and durably
 
 
-# quickstart runs in the failing-reward, killed-trainer and vLLM tests below; bounded_async (slow here) runs whole in
-# test_dead_rollout_instance_loses_no_trajectory and test_elastic_run.py
-@pytest.mark.parametrize("pipeline", ["synchronous", pytest.param("bounded_async", marks=pytest.mark.slow), "one_step",
-                                      "staleflow", "laminar"])
+def assert_as_compiled(run, plan) -> None:
+    """The run's one fleet, its coordinator strategies and the staleness policy are the plan's."""
+    from rlflow.operators.policy_kinds import make_policy
+
+    assert [f.stage for f in run.fleets] == ["rollout"]
+    assert len(run.fleets[0].instances) == plan["pipeline"]["stages"]["rollout"]["replicas"]
+    cfg = run.fleets[0].coordination.coord.cfg
+    coord = plan["control"]["coordination"]["rollout"]
+    assert (cfg.routing, cfg.migration) == (coord["routing"], coord["migration"])
+    assert type(run.buffer.policy) is type(make_policy(**plan["control"]["staleness"]))
+
+
+# quickstart runs in the failing-reward, killed-trainer and vLLM tests below. Slow here (the rest of this test is the
+# same for every pipeline): bounded_async runs whole in test_dead_rollout_instance_loses_no_trajectory and
+# test_elastic_run.py; one_step (its own data and reward) in test_killed_reward_worker_loses_nothing and laminar (the
+# collective transport) in test_weight_sync.py::test_a_run_over_the_collective_transport_verifies_every_pull, both
+# with assert_as_compiled and assert_accounted
+@pytest.mark.parametrize("pipeline", ["synchronous", pytest.param("bounded_async", marks=pytest.mark.slow),
+                                      pytest.param("one_step", marks=pytest.mark.slow), "staleflow",
+                                      pytest.param("laminar", marks=pytest.mark.slow)])
 def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     """Every shipped single-task pipeline runs as compiled: one fleet per rollout stage in the plan, with the
     plan's actors, its coordinator strategies and its staleness policy."""
@@ -42,16 +58,9 @@ def test_pipeline_runs_end_to_end(pipeline, ray_cluster, workdir):
     run = run_plan(plan, log=lambda *a, **k: lines.extend(map(str, a)))
     # the last step's checkpoint_every save is the final checkpoint: not written a second time at exit
     assert [line.split(":")[0] for line in lines if line.startswith("checkpoint at")] == ["checkpoint at step 3"]
-    assert [f.stage for f in run.fleets] == ["rollout"]
+    assert_as_compiled(run, plan)
     tokens, seconds = run.fleets[0].decode_rate()
     assert tokens > 0 and seconds > 0 and run.summary()["engine_tokens_per_s"] == tokens / seconds
-    assert len(run.fleets[0].instances) == plan["pipeline"]["stages"]["rollout"]["replicas"]
-    cfg = run.fleets[0].coordination.coord.cfg
-    coord = plan["control"]["coordination"]["rollout"]
-    assert (cfg.routing, cfg.migration) == (coord["routing"], coord["migration"])
-    from rlflow.operators.policy_kinds import make_policy
-
-    assert type(run.buffer.policy) is type(make_policy(**plan["control"]["staleness"]))
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
     if pipeline == "synchronous":
@@ -275,7 +284,8 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
     import subprocess
     import sys
 
-    small = SMALL + ["stages.train.steps=5", "stages.train.checkpoint_every=1"]
+    # 4 steps: the kill comes after step 2 or 3, so at least one step trains after the resume
+    small = SMALL + ["stages.train.steps=4", "stages.train.checkpoint_every=1"]
     reference = run_plan(compile_pipeline(REPO / "pipelines" / "synchronous.yaml", small))
     expected = trained_per_step(reference.out_dir)
 
@@ -307,7 +317,7 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(restorable)} buffered group(s) restored from the ledger" in done.stdout, done.stdout[-3000:]
-    assert_ledger(out, steps=5, batch=2, eta=0)
+    assert_ledger(out, steps=4, batch=2, eta=0)
     assert trained_per_step(out) == expected  # same prompts, same steps, crash or not
     db = sqlite3.connect(out / "ledger.sqlite")
     gids = sorted(set(open_groups) | restorable)
@@ -388,6 +398,7 @@ def test_killed_reward_worker_loses_nothing(ray_cluster, workdir, monkeypatch):
     run = run_plan(plan)
     assert marker.exists()  # the worker died, scoring this prompt
     assert len(run.history) == 3
+    assert_as_compiled(run, plan)  # one_step as shipped, but for its data and reward
     assert_accounted(run)
     assert_ledger_conserves(run)
     import sqlite3

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from runs import plan_for, run_plan
+from test_run import assert_accounted, assert_as_compiled
 
 from rlflow.errors import RunFailed
 
@@ -48,6 +49,8 @@ def test_a_run_over_the_collective_transport_verifies_every_pull(ray_cluster, wo
     assert trainer["weights"] == {"transport": "collective", "declared": "collective", "bucket_bytes": 2**20}
     run = run_plan(plan)
     assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_as_compiled(run, plan)  # laminar as shipped, but for its transport (test_run.py leaves it out of the default run)
+    assert_accounted(run)
     pulled = run.fleets[0].verified
     assert {i for i, _ in pulled} == {0, 1}, pulled  # both instances pulled over their links
     # which versions each pulls depends on timing (per_instance: an instance pulls when it drains); each is one
