@@ -15,11 +15,13 @@ pytestmark = pytest.mark.integration
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 
 
-def test_rlflow_run_of_a_pipeline_file_compiles_it_and_runs_with_its_own_overrides(workdir):
+def test_rlflow_run_of_a_pipeline_file_compiles_it_and_runs_with_its_own_overrides(ray_cluster, workdir):
+    # it joins the session's cluster (--address): a run starting its own is test_run_terminal.py's
+    address = ray_cluster.get_runtime_context().gcs_address
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     small = [*SMALL, "stages.train.steps=1"]
-    done = subprocess.run([sys.executable, "-m", "rlflow.cli", "run", str(QUICKSTART), *small], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "rlflow.cli", "run", "--address", address, str(QUICKSTART), *small],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert f"compiled {QUICKSTART} to .rlflow/plan.json" in done.stdout, out[-6000:]

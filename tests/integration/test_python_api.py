@@ -15,7 +15,9 @@ from runs import REPO, SMALL
 pytestmark = pytest.mark.integration
 
 
-def test_a_script_compiles_and_runs_a_pipeline(workdir):
+def test_a_script_compiles_and_runs_a_pipeline(ray_cluster, workdir):
+    # the script joins the session's cluster (`address`): a run starting its own is test_run_terminal.py's
+    address = ray_cluster.get_runtime_context().gcs_address
     overrides = {kv.split("=", 1)[0]: kv.split("=", 1)[1] for kv in SMALL} | {"stages.train.steps": 2}
     script = workdir / "train.py"
     script.write_text(textwrap.dedent(f"""
@@ -24,7 +26,7 @@ def test_a_script_compiles_and_runs_a_pipeline(workdir):
 
         plan = rlflow.compile({str(REPO / "pipelines" / "synchronous.yaml")!r}, overrides={overrides!r})
         lines = []
-        result = rlflow.run(plan, log=lines.append)
+        result = rlflow.run(plan, address={address!r}, log=lines.append)
         print(json.dumps({{"steps": result.steps, "stopped": result.stopped, "run_dir": str(result.run_dir),
                           "mlflow_run_id": result.mlflow_run_id, "export_dir": str(result.export_dir),
                           "logged": len(lines)}}))
