@@ -38,9 +38,10 @@ def batch(tmp_path_factory):
     return model_dir, trajs
 
 
-def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None, kwargs=KWARGS):
-    """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs`, (save,) and
-    return (weights before, weights after, metrics)."""
+def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from=None, options=None, kwargs=KWARGS,
+               train=True):
+    """Start a `world_size`-rank trainer, (restore a checkpoint,) train one step on `trajs` (unless not `train`:
+    then after and metrics are None), (save,) and return (weights before, weights after, metrics)."""
     from rlflow.runtime.parameter_server import ParameterServer, fetch_state
     from rlflow.runtime.payload_store import PayloadStore
     from rlflow.runtime.trainer_worker import launch_trainer
@@ -59,6 +60,8 @@ def train_once(ray, model_dir, trajs, world_size, stage, save_to=None, load_from
             return {k: t.float().numpy() for k, t in fetch_state(ray.get(params.latest.remote())).items()}
 
         before = weights(version)
+        if not train:
+            return before, None, None
         ray.get(store.put.remote(trajs))
         rewards = {t.traj_id: t.reward for t in trajs}
         result = ray.get(leader.train.remote(TrainStep(rewards, GROUP, version)), timeout=300)
@@ -96,7 +99,7 @@ def test_two_ranks_make_the_same_update_as_one(stage, batch, ray_cluster, tmp_pa
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
     assert m1["micro_batches"] == 4 and m2["micro_batches"] == 4  # the lone long row's rank ran 3 padding passes
     if stage == 3:  # a 2-rank ZeRO-3 checkpoint restores into fresh ranks: the same weights, the next version
-        restored, _, _ = train_once(ray_cluster, model_dir, trajs, 2, stage, load_from=tmp_path / "ckpt")
+        restored, _, _ = train_once(ray_cluster, model_dir, trajs, 2, stage, load_from=tmp_path / "ckpt", train=False)
         for name in after2:
             np.testing.assert_array_equal(restored[name], after2[name])
 
