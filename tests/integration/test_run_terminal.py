@@ -1,6 +1,8 @@
-"""`rlflow run` in an 80-column terminal (issue #32): no warning printed twice, the progress line redrawn in place and
-never wider than the terminal, a short summary at the end, the JSON summary and the log file in the run directory.
-The run is a subprocess on a pseudo-terminal, as a person would start it; it starts its own Ray."""
+"""`rlflow run PIPELINE.yaml` in an 80-column terminal (issue #32): no warning printed twice, the progress line redrawn in
+place and never wider than the terminal, a short summary at the end, the JSON summary and the log file in the run
+directory; the pipeline is compiled first where `rlflow compile` writes its plan, and the overrides given to `run`
+apply to that run alone, recorded in its run directory. The run is a subprocess on a pseudo-terminal, as a person
+would start it; it starts its own Ray."""
 
 from __future__ import annotations
 
@@ -87,3 +89,9 @@ def test_a_quickstart_run_in_an_80_column_terminal_stays_readable(workdir):
     assert summary["steps"] == steps and summary["run_dir"] == str(run_dir.relative_to(workdir))
     assert "Started a local Ray instance" in (run_dir / "run.log").read_text()
     assert not raw.lstrip().startswith("{") and '"workload_measured"' not in raw  # the JSON is in the file, not printed
+    # compiled first, as `rlflow compile` would; the overrides are this run's alone
+    assert f"compiled {QUICKSTART} to .rlflow/plan.json" in raw, raw[-6000:]
+    assert json.loads((workdir / ".rlflow" / "plan.json").read_text())["overrides"] == []  # the shared plan, as compiled
+    assert json.loads((run_dir / "run.json").read_text())["overrides"] == overrides
+    ran = json.loads((run_dir / "plan.json").read_text())
+    assert ran["pipeline"]["stages"]["train"]["steps"] == steps and ran["overrides"] == overrides
