@@ -7,6 +7,7 @@ Import strings are checked with the pipeline's directory and the working directo
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -125,21 +126,31 @@ def _check_overlong(spec: Pipeline, stage, loc: tuple, problems: list[Problem]) 
 
 
 def _check_lora(spec: Pipeline, stage, deepspeed: dict | None, loc: tuple, problems: list[Problem]) -> None:
-    """train.lora needs engines that apply adapters in place (hf; rlflow's vLLM engine does not load LoRA adapters
-    yet) and ZeRO 0-2 (the adapters are injected after the model is built, outside ZeRO-3's partitioning)."""
+    """train.lora needs engines that apply adapters, which they say by taking a `lora` argument (hf copies them in
+    place, vllm serves each version as a LoRA adapter), and ZeRO 0-2 (the adapters are injected after the model is
+    built, outside ZeRO-3's partitioning)."""
     if stage.lora is None:
         return
     for name in stages_of(spec, "rollout"):
         engine = spec.stages[name].engine
-        if engine != "hf":
+        if not _takes_lora(engine):
             problems.append(Problem(("stages", name, "engine"), f"rollout '{name}' uses engine '{engine}', which does not "
                                     "apply LoRA adapters: a version of a train.lora run carries only the adapters",
-                                    "lora-needs-hf-engine", "use engine: hf, or remove train.lora (full fine-tuning)"))
+                                    "lora-needs-lora-engine", "use engine: hf or vllm, or remove train.lora (full fine-tuning)"))
     stage_of_zero = ((deepspeed or {}).get("zero_optimization") or {}).get("stage", 0)
     if stage_of_zero == 3:
         problems.append(Problem(loc + ("lora",), f"train.lora with ZeRO-3 ('{stage.deepspeed}'): the adapters are "
                                 "injected outside ZeRO-3's partitioning", "lora-needs-unpartitioned-base",
                                 "use configs/deepspeed/zero1.json (the base is frozen: its optimizer state is the adapters')"))
+
+
+def _takes_lora(engine: str) -> bool:
+    """Whether an engine's constructor takes `lora` (an engine that cannot be resolved is named by its own rule)."""
+    try:
+        cls = registry.resolve("engine", engine)
+    except Exception:  # noqa: BLE001 - unknown-engine and friends say what is wrong with it
+        return True
+    return "lora" in inspect.signature(cls).parameters
 
 
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 from rlflow.stages.checksum import Checksum
 from rlflow.stages.engine import EngineDied, EngineSnapshot, RolloutEngine, WeightsLoaded, weight_buckets
+from rlflow.stages.lora import adapter_names
 from rlflow.stages.trajectory import Trajectory
 
 _TIED_SOURCE = "model.embed_tokens.weight"  # what a tied lm_head (absent from the checkpoint) is in Llama-style models
@@ -94,6 +96,7 @@ class _Request:
     traj: Trajectory
     request_id: str
     task: asyncio.Task | None = None
+    adapter: object = None  # the LoRARequest it generates with (train.lora), fixed when it is submitted
     started: bool = False  # vLLM has returned at least one output (it is scheduled, not waiting)
     taken: bool = False  # interrupted or aborted: the coroutine must not report it finished
 
@@ -111,18 +114,25 @@ class VLLMEngine(RolloutEngine):
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
         cpu_threads: int | None = 1,
+        lora: dict | None = None,
         **common,
     ):
         """`common`: the RolloutEngine settings (instance_id, max_running, max_new_tokens, temperature,
         top_p, seed, dtype, max_model_len, stop, max_turn_tokens). `step_s`: longest wait of one step() call;
         `gpu_memory_utilization`, `enforce_eager`, `tensor_parallel_size`, `enable_sleep_mode`: where it runs
         (see device_args; the plan's come from rlflow/devices.py, and the defaults are the CPU's); `cpu_threads`:
-        OpenMP threads of the CPU worker (None leaves vLLM's own core binding)."""
+        OpenMP threads of the CPU worker (None leaves vLLM's own core binding). `lora`: train.lora ({rank, alpha,
+        target_modules, dropout}): vLLM's LoRA support is turned on and each version is an adapter (load_weights)."""
         super().__init__(model_dir, **common)
         if step_s <= 0:
             raise ValueError(f"step_s must be > 0, got {step_s}")
         self._device_args = device_args(gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                                         tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode)
+        self.lora = dict(lora) if lora else None
+        if self.lora:
+            self._device_args |= lora_args(self.lora)
+        self._adapter = None  # the vLLM LoRARequest of the current version (None: version 0, B = 0, the base model)
+        self._adapter_dirs: list[str] = []  # this version's adapter directory, and the one before it
         if self.top_p < 1:
             import warnings
 
@@ -149,6 +159,7 @@ class VLLMEngine(RolloutEngine):
         self.step_s = step_s
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self._shapes = _checkpoint_shapes(self.model_dir)
+        self._expected_adapter = adapter_names(self._shapes, self.lora) if self.lora else []
         self._requests: dict[str, _Request] = {}
         self._finished: list[Trajectory] = []
         self._complete = 0
@@ -207,6 +218,8 @@ class VLLMEngine(RolloutEngine):
         if getattr(self, "llm", None) is not None:
             self.llm.shutdown()
             self.llm = None
+        for d in getattr(self, "_adapter_dirs", []):
+            shutil.rmtree(d, ignore_errors=True)
         if self._loop.is_running():
             self._call(_cancel_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -230,7 +243,7 @@ class VLLMEngine(RolloutEngine):
             self._finished.append(self._finish(traj, "length"))
             return
         self.begin_segment(traj)
-        req = _Request(traj, f"{traj.traj_id}#{next(self._ids)}")  # unique: a trajectory may come back after an interrupt
+        req = _Request(traj, f"{traj.traj_id}#{next(self._ids)}", adapter=self._adapter)  # id unique: it may come back
         self._requests[traj.traj_id] = req
         self._call(self._submit(req))
 
@@ -260,7 +273,7 @@ class VLLMEngine(RolloutEngine):
         reason = None
         try:
             async for out in self.llm.generate({"prompt_token_ids": traj.prompt_ids + traj.completion_ids}, params,
-                                               request_id=req.request_id):
+                                               request_id=req.request_id, lora_request=req.adapter):
                 req.started = True
                 piece = out.outputs[0]
                 if req.taken:
@@ -354,6 +367,8 @@ class VLLMEngine(RolloutEngine):
 
         from rlflow.stages.weight_buckets import as_tensor
 
+        if self.lora:
+            return self._load_adapter(state, version)
         t0 = time.perf_counter()
         total, extras, embed = Checksum(), {}, None
         # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
@@ -397,6 +412,43 @@ class VLLMEngine(RolloutEngine):
         self.last_load_s = time.perf_counter() - t0
         return loaded
 
+    def _load_adapter(self, state, version: int) -> WeightsLoaded:
+        """A train.lora version: its adapter tensors written as a peft adapter directory, named in a new LoRARequest.
+        vLLM fixes a request's adapter when it is submitted, so the running requests are taken back with their
+        tokens and resubmitted under the new adapter (prompt plus completion so far, re-prefilled: the partial-rollout
+        path), and every token sampled after the pull comes from the new version, as with full weights."""
+        from vllm.lora.request import LoRARequest
+
+        from rlflow.stages.lora import write_adapter_dir
+        from rlflow.stages.weight_buckets import as_tensor
+
+        t0 = time.perf_counter()
+        total, adapter = Checksum(), {}
+        for bucket in weight_buckets(state):
+            for name, value in bucket.items():
+                adapter[name] = as_tensor(value).clone()
+                total.add(name, adapter[name])
+        unknown = sorted(set(adapter) - set(self._expected_adapter))
+        if unknown:
+            raise KeyError(f"load_weights: {len(unknown)} names are not adapter tensors of this model's "
+                           f"train.lora.target_modules, e.g. {unknown[:3]}")
+        # a few KB to MB per version, in the temp dir rather than /dev/shm: left behind by a killed actor, they
+        # cost disk, not RAM
+        d = tempfile.mkdtemp(prefix=f"rlflow-vllm-lora-{os.getpid()}-{self.instance_id}-v{version}-")
+        write_adapter_dir(adapter, self.lora, d, base=self.model_dir)
+        missing = sorted(set(self._expected_adapter) - set(adapter))  # a missing one fails the run in the driver
+        self._adapter = LoRARequest(lora_name=f"rlflow-v{version}", lora_int_id=version + 1, lora_path=d)
+        self._adapter_dirs.append(d)
+        while len(self._adapter_dirs) > 2:  # no request names an older one any more
+            shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
+        self._version = version
+        for tid in list(self._requests):
+            traj = self._call(self._take(tid, finished_too=False))
+            if traj is not None:
+                self.start(traj)
+        self.last_load_s = time.perf_counter() - t0
+        return WeightsLoaded(version, total.hexdigest(), missing)
+
     async def _reload(self, weights_dir: str) -> dict:
         """rlflow_reload in every worker; returns one report with the union of their missing names."""
         await self.llm.pause_generation(mode="keep", clear_cache=False)
@@ -425,6 +477,20 @@ class VLLMEngine(RolloutEngine):
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+#: the max_lora_rank values vLLM accepts (vllm.config.lora)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_args(lora: dict) -> dict:
+    """AsyncEngineArgs keywords for a train.lora run: LoRA on, room for its rank, two adapters resident (the current
+    version, and the one before while its last requests drain)."""
+    rank = int(lora["rank"])
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"train.lora.rank {rank} is above the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 2}
 
 
 def device_args(*, gpu_memory_utilization: float, enforce_eager: bool, tensor_parallel_size: int,

@@ -96,3 +96,28 @@ def dropout_on(model: torch.nn.Module) -> None:
     for name, module in model.named_modules():
         if name.endswith(f"lora_dropout.{ADAPTER}"):
             module.train()
+
+
+def adapter_names(shapes: Mapping[str, Any], lora: Mapping[str, Any]) -> list[str]:
+    """The adapter tensor names (injected form, as published) the layers of a checkpoint (`shapes`: its weight names)
+    get under `lora`: an A and a B for each `<module>.weight` whose module name ends in one of target_modules."""
+    targets = tuple(lora["target_modules"])
+    out = []
+    for name in sorted(shapes):
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.split(".")[-1] in targets:
+            out += [f"{module}.lora_A.{ADAPTER}.weight", f"{module}.lora_B.{ADAPTER}.weight"]
+    return out
+
+
+def write_adapter_dir(adapter: Mapping[str, torch.Tensor], lora: Mapping[str, Any], out: str, *, base: str) -> None:
+    """Write `adapter` (injected names -> tensors) as peft's adapter directory at `out` (adapter_config.json,
+    adapter_model.safetensors under a PeftModel's names), without loading the base model: what vLLM's LoRARequest
+    and PeftModel.from_pretrained read."""
+    from safetensors.torch import save_file
+
+    config = lora_config(lora)
+    config.base_model_name_or_path = base
+    config.save_pretrained(out)
+    save_file({PEFT_PREFIX + n.replace(f".{ADAPTER}.", "."): t.contiguous() for n, t in adapter.items()},
+              f"{out}/adapter_model.safetensors", metadata={"format": "pt"})

@@ -28,3 +28,8 @@ class Score:  # a class is not a reward: Score(completion, answer) builds an obj
 class NoPredict:  # a ranker needs predict() and observe()
     def observe(self, prompts, lengths):
         pass
+
+
+class NoLoraEngine:  # an engine whose constructor takes no `lora`: it cannot apply a train.lora version
+    def __init__(self, model_dir, **common):
+        self.model_dir = model_dir

@@ -123,3 +123,54 @@ def test_a_checkpoint_resumes_the_adapters_and_their_optimizer_state(trained, ti
         assert any(abs(after[n] - before[n]).max() > 0 for n in after)
     finally:
         resumed.close()
+
+
+@pytest.mark.vllm
+def test_the_vllm_engine_serves_each_version_as_an_adapter(trained, tiny_llama_dir, repeat_model_dir, tmp_path):
+    """engine vllm with train.lora: version 0 is the base model; a published adapter becomes a LoRA request whose
+    tokens are the hf engine's (whose log-probs are the trainer's: the test above); a tensor left out is reported
+    missing; the adapter directories go with the engine."""
+    pytest.importorskip("vllm")
+    from rlflow.stages.checksum import Checksum
+    from rlflow.stages.engine_vllm import VLLMEngine
+
+    tr, batch, _, _ = trained
+    shutil.copytree(tiny_llama_dir, tmp_path / "model")
+    for f in Path(repeat_model_dir).glob("*token*"):
+        shutil.copy(f, tmp_path / "model" / f.name)
+    prompt = batch[0].prompt_ids
+    settings = dict(lora=LORA, max_new_tokens=6, temperature=0.0, max_model_len=64)
+    vllm, hf = VLLMEngine(tmp_path / "model", **settings), HFEngine(tmp_path / "model", **settings)
+
+    def greedy(engine, index: int) -> Trajectory:
+        engine.start(Trajectory(group_id="g", index=index, prompt="", answer="", prompt_ids=list(prompt)))
+        done = []
+        while not done:
+            done = engine.step()
+        return done[0]
+
+    try:
+        before = greedy(vllm, 0).completion_ids
+        assert before == greedy(hf, 0).completion_ids  # version 0: B = 0, the base model on both
+        buckets = [{n: t.cpu() for n, t in zip(layout.names, tensors)} for layout, tensors in tr.weight_buckets()]
+        sent = Checksum()
+        for bucket in buckets:
+            for n, t in bucket.items():
+                sent.add(n, t)
+        loaded = vllm.load_weights(buckets, 3)
+        hf.load_weights(buckets, 3)
+        assert loaded.checksum == sent.hexdigest() and not loaded.missing
+        after = greedy(vllm, 1)
+        assert after.completion_ids == greedy(hf, 1).completion_ids != before  # the adapter applies, as hf's does
+        vllm.load_weights(buckets, 4)  # requests running at a pull are resubmitted under it (the interrupt path)
+        again = greedy(vllm, 2)
+        assert again.versions_seen == [4] and again.completion_ids == after.completion_ids
+
+        partial = [{n: t for n, t in b.items() if not n.endswith("q_proj.lora_B.default.weight")} for b in buckets]
+        assert any(n.endswith("q_proj.lora_B.default.weight") for n in vllm.load_weights(partial, 5).missing)
+        dirs = list(vllm._adapter_dirs)
+        assert len(dirs) == 2 and all(os.path.isdir(d) for d in dirs)  # this version's and the one before
+    finally:
+        vllm.close()
+    assert not any(os.path.exists(d) for d in dirs)
+
