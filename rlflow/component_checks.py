@@ -18,6 +18,7 @@ from rlflow.data_sources import generated, is_table
 from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
 from rlflow.schema import DATA_NODE, Pipeline
+from rlflow.stages.model_positions import model_positions
 from rlflow.tool_checks import check_tool_stage, check_tools_prompt_room, check_tools_template
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # or a `datasets` directory
@@ -192,7 +193,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                                     "bad-model-path", "use builtin:tiny-llama, or a directory saved with save_pretrained"))
             return
         config = _read_json(path / "config.json", f"{mp}/config.json", ("model", "path"), problems)
-        positions, template = _positions(config), has_chat_template(path)
+        positions, template = model_positions(config), has_chat_template(path)
     _check_model_len(spec, positions, problems)
     _check_chat_template(spec, template, problems)
     check_tools_template(spec, template, problems)
@@ -249,19 +250,6 @@ def _check_builtin_installed(ref: str, problems: list[Problem]) -> None:
         problems.append(Problem(("model", "path"), f"{ref} converts SmolLM2-135M-Instruct from the {smollm2.PACKAGE} package, "
                                 f"but {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not installed",
                                 "model-not-installed", smollm2.install_hint()))
-
-
-#: config.json keys that give a model's positions, in the order transformers' configs use them
-POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-
-
-def _positions(config) -> tuple[int, str] | None:
-    """(positions, the config key that says so) of a Hugging Face config, or None when it does not say."""
-    for cfg in (config, (config or {}).get("text_config") if isinstance(config, dict) else None):
-        for key in POSITION_KEYS if isinstance(cfg, dict) else ():
-            if isinstance(cfg.get(key), int) and cfg[key] > 0:
-                return cfg[key], key
-    return None
 
 
 def _builtin_positions(ref: str) -> tuple[int, str] | None:

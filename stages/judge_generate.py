@@ -24,11 +24,14 @@ class JudgeTimeout(Exception):
 
 
 def _context(model_dir: str) -> int:
+    """The positions the judge's model has, as compile reads them from its config.json (2048 when it does not say)."""
     import json
     from pathlib import Path
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 2048)
+    from rlflow.stages.model_positions import model_positions
+
+    found = model_positions(json.loads((Path(model_dir) / "config.json").read_text()))
+    return found[0] if found else 2048
 
 
 class HFGreedy:
@@ -46,8 +49,7 @@ class HFGreedy:
         self.tokenizer.padding_side = self.tokenizer.truncation_side = "left"  # generation continues on the right
         with no_progress_bars():
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        room = getattr(self.model.config, "max_position_embeddings", 2048) - max_new_tokens
-        self.max_prompt = max(min(room, self.tokenizer.model_max_length), 1)
+        self.max_prompt = max(min(_context(model_dir) - max_new_tokens, self.tokenizer.model_max_length), 1)
 
     def __call__(self, prompts: list[str], timeout_s: float) -> list[str]:
         import torch
