@@ -391,6 +391,7 @@ def _check_source(data: str, split: str | None) -> None:
     """An --data source is refused, naming the rule, as compile refuses a data.source: an unknown built-in, a
     taskset that does not load, a missing file, a directory that is not a `datasets` one or a split it lacks."""
     from rlflow import registry
+    from rlflow.component_checks import component
     from rlflow.data_sources import TableProblem, is_table, read_table
     from rlflow.errors import PipelineInvalid, Problem
 
@@ -400,11 +401,10 @@ def _check_source(data: str, split: str | None) -> None:
                  loc="--split")
         if data.startswith("builtin:") and data not in registry.builtin_names("task"):
             _bad(f"unknown built-in task '{data}'", "built-in tasks: " + ", ".join(registry.builtin_names("task")))
-        try:
-            registry.check_reference("task", data)
-        except registry.ComponentError as err:
-            why, _, fix = str(err).partition("; ")
-            raise PipelineInvalid("rlflow eval", [Problem(("--data",), why, err.rule or "unknown-task", fix)]) from None
+        problems: list[Problem] = []
+        component(problems, "task", data, ("--data",))  # as compile checks a data.source
+        if problems:
+            raise PipelineInvalid("rlflow eval", problems)
     elif is_table(data):
         try:
             read_table(data, split)
