@@ -37,11 +37,11 @@ class ChatForm:
 
     def begin(self, traj: Trajectory) -> None:
         """A fresh episode: its conversation starts in the template."""
-        traj.prompt_ids = self.renderer.prompt_ids(traj.prompt, self.system_prompts.get(traj.task))
+        traj.prompt_ids = self.prompt_ids(traj.task, traj.prompt)
 
-    def prompt_length(self, task: str, prompt: str) -> int:
-        """The length of `prompt`'s ids as begin() renders them for a trajectory of `task`."""
-        return len(self.renderer.prompt_ids(prompt, self.system_prompts.get(task)))
+    def prompt_ids(self, task: str, prompt: str) -> list[int]:
+        """`prompt` in the template for a trajectory of `task`: its system prompt, the tools block, the user turn."""
+        return self.renderer.prompt_ids(prompt, self.system_prompts.get(task))
 
     def is_call(self, traj: Trajectory, action: str) -> bool:
         return traj.finish_reason == "stop" and bool(parse(self.parser, action))
@@ -63,5 +63,9 @@ def prompt_measures(plan, tokenizer) -> dict[str, Callable[[str], int]]:
         first = plan.rollouts(stage)[0]
         if first.episode and first.episode.get("tools"):
             form = ChatForm(first.episode, tokenizer)
-            out |= {task: functools.partial(form.prompt_length, task) for task in first.tasks}
+            out |= {task: functools.partial(_length, form, task) for task in first.tasks}
     return out
+
+
+def _length(form: ChatForm, task: str, prompt: str) -> int:
+    return len(form.prompt_ids(task, prompt))
