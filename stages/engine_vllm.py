@@ -16,10 +16,11 @@ worker drives (start / step / interrupt / abort / load_weights / snapshot) maps 
   some trajectory has finished or `step_s` has passed, then returns what finished. Its period is the
   control plane's snapshot -> command cycle.
 - `interrupt` / `abort` abort the vLLM request; interrupt returns the tokens received so far.
-- `load_weights` is an in-flight update (PLATFORM-NOTES): pause(mode="keep") -> write safetensors
-  to /dev/shm -> `reload_weights` in the worker (plus the tied lm_head re-pack on CPU) ->
-  `reset_prefix_cache(reset_running_requests=True)` -> resume. Resetting running requests makes
-  vLLM preempt them and recompute their KV under the new weights, the same semantics as HFEngine's
+- `load_weights` / `load_over_link` are in-flight updates: pause(mode="keep") -> the weight-transfer protocol in
+  the workers (stages/engine_vllm_weights.py: start, a bucket at a time into the model's `load_weights`, finish;
+  the buckets handed in through vLLM's IPC, or received by the worker itself over a link from the relay) ->
+  `reset_prefix_cache(reset_running_requests=True)` -> resume. No file is written. Resetting running requests
+  makes vLLM preempt them and recompute their KV under the new weights, the same semantics as HFEngine's
   re-prefill, so every token sampled after the pull comes from the new weights alone.
 
 The same code runs on CUDA with the `vllm` package (the CPU-only pieces are guarded by platform).
@@ -38,10 +39,9 @@ from dataclasses import dataclass
 
 from rlflow.stages.checksum import Checksum
 from rlflow.stages.engine import EngineDied, EngineSnapshot, RolloutEngine, WeightsLoaded, weight_buckets
+from rlflow.stages.engine_vllm_weights import VLLMWorkerExtension, layout_fields
 from rlflow.stages.lora import adapter_names
 from rlflow.stages.trajectory import Trajectory
-
-_TIED_SOURCE = "model.embed_tokens.weight"  # what a tied lm_head (absent from the checkpoint) is in Llama-style models
 
 # Environment vLLM reads at import time; set before the first import in this process.
 _ENV_DEFAULTS = {
@@ -50,43 +50,6 @@ _ENV_DEFAULTS = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",  # vLLM's INFO lines drown rlflow's progress output
 }
-
-
-class VLLMWorkerExtension:
-    """Methods vLLM mixes into its GPU/CPU worker (`worker_extension_cls`), called with collective_rpc."""
-
-    def rlflow_reload(self, weights_path: str) -> dict:
-        """Reload weights in place from `weights_path`; re-pack a tied lm_head on CPU.
-        Returns {"tied": bool, "missing": the model's parameters the reload did not report loading}."""
-        import logging
-
-        # Rotary and other buffers are not in a checkpoint; the reloader warns about them on every pull.
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        model = self.model_runner.get_model()
-        expected = {name for name, _ in model.named_parameters()}
-        reported: set[str] = set()
-        model_load = model.load_weights
-
-        def recording_load(weights):  # reload_weights drops the names the model reports loading: keep them
-            names = model_load(weights)
-            reported.update(names or ())
-            return names
-
-        model.load_weights = recording_load
-        try:
-            self.model_runner.reload_weights(weights_path=weights_path)
-        finally:
-            del model.load_weights
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        from vllm.platforms import current_platform
-
-        if tied and current_platform.is_cpu():
-            # PLATFORM-NOTES: with tied embeddings the reload updates embed_tokens but not the oneDNN
-            # handle packed for lm_head, and log-probs drift by up to 0.9 unless it is re-packed.
-            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-            dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
-        return {"tied": tied, "missing": sorted(expected - reported)}
 
 
 @dataclass
@@ -99,6 +62,10 @@ class _Request:
     adapter: object = None  # the LoRARequest it generates with (train.lora), fixed when it is submitted
     started: bool = False  # vLLM has returned at least one output (it is scheduled, not waiting)
     taken: bool = False  # interrupted or aborted: the coroutine must not report it finished
+
+
+#: longest a link's set-up or close may wait in the workers (the relay joins at once when it is alive)
+_LINK_WAIT_S = 150.0
 
 
 class VLLMEngine(RolloutEngine):
@@ -234,6 +201,9 @@ class VLLMEngine(RolloutEngine):
     # -- routing -------------------------------------------------------------------------------
 
     def start(self, traj: Trajectory) -> None:
+        if self.asleep or getattr(self, "_weights_missing", False):
+            raise RuntimeError(f"instance {self.instance_id} cannot generate: it is asleep, or woke from level 2 and "
+                               "has not loaded a version since (the rollout worker pulls one on waking)")
         self.check_fits(traj)
         if traj.traj_id in self._requests:
             raise ValueError(f"trajectory {traj.traj_id} is already on instance {self.instance_id}")
@@ -360,48 +330,110 @@ class VLLMEngine(RolloutEngine):
 
     # -- weights -------------------------------------------------------------------------------
 
-    def load_weights(self, state, version: int) -> dict:
-        """In-flight update: running requests keep their tokens and continue under the new weights. Each bucket is
-        written as its own safetensors shard as it comes, then vLLM reloads the directory once."""
-        from safetensors.torch import save_file
-
-        from rlflow.stages.weight_buckets import as_tensor
+    def load_weights(self, state, version: int) -> WeightsLoaded:
+        """In-flight update from buckets handed in (the object-store transport): each bucket goes to the workers
+        through vLLM's IPC and into the model's load_weights as it comes; the checksum is the workers'."""
+        from rlflow.stages.weight_buckets import as_tensor, pack, plan_buckets
 
         if self.lora:
             return self._load_adapter(state, version)
         t0 = time.perf_counter()
-        total, extras, embed = Checksum(), {}, None
-        # One directory per pull, removed as soon as vLLM has read it: a Ray actor is killed without running
-        # any clean-up, and weights left in /dev/shm would hold RAM until the machine reboots.
-        with tempfile.TemporaryDirectory(prefix=f"rlflow-vllm-{os.getpid()}-{self.instance_id}-", dir=_shm_dir()) as d:
-            for k, bucket in enumerate(weight_buckets(state)):
-                unknown = sorted(set(bucket) - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
-                if unknown:
-                    raise KeyError(
-                        f"load_weights: {len(unknown)} names not in the model, e.g. {unknown[:3]}; "
-                        f"expected names like {sorted(self._shapes)[:2]}"
-                    )
-                for name, array in bucket.items():
-                    if name in self._shapes and tuple(array.shape) != self._shapes[name]:
-                        raise ValueError(f"load_weights: {name} has shape {tuple(array.shape)}, the model expects {self._shapes[name]}")
-                # A tied lm_head is the embedding itself: vLLM loads only the checkpoint's names.
-                handed = {n: as_tensor(v) for n, v in bucket.items() if n in self._shapes}
-                extras.update({n: as_tensor(v).clone() for n, v in bucket.items() if n not in self._shapes})
-                if _TIED_SOURCE in handed and "lm_head.weight" not in self._shapes:
-                    embed = handed[_TIED_SOURCE].clone()
-                for name, t in handed.items():
-                    total.add(name, t)
-                if handed:
-                    save_file({n: t.contiguous() for n, t in handed.items()}, os.path.join(d, f"model-{k:05d}.safetensors"))
-            report = self._call(self._reload(d))
-        # The checksum is of what was handed to reload_weights, not read back: vLLM fuses (qkv_proj, gate_up_proj)
-        # and on CPU repacks weights into oneDNN handles, so its parameters no longer hold the checkpoint's bytes.
-        # What is verified is the transfer up to vLLM plus "the reload loaded every parameter" ("missing"). A tied
-        # lm_head stands in as the embedding vLLM actually uses, so a sent lm_head that differs fails the check.
-        for name, t in extras.items():
-            total.add(name, embed if embed is not None else t)
-        # a parameter missing fails the run in the driver (parameter_server.verify_loaded)
-        loaded = WeightsLoaded(version, total.hexdigest(), list(report["missing"]))
+
+        async def updates():
+            for bucket in weight_buckets(state):
+                self._check_names(((n, tuple(v.shape)) for n, v in bucket.items()))
+                tensors = {n: as_tensor(v) for n, v in bucket.items()}
+                # vLLM's IPC carries plain values: the bucket goes packed, as bytes, with its layout
+                layout = plan_buckets(((n, tuple(t.shape), t.dtype) for n, t in tensors.items()), 2**62)[0]
+                data = pack(layout, tensors.values()).numpy().tobytes()
+                await self.llm.collective_rpc("rlflow_weights_update", kwargs={"layouts": [layout_fields(layout)],
+                                                                                "data": data})
+
+        return self._finish_load(self._call(self._update(updates())), version, t0)
+
+    #: the weights arrive in the vLLM worker itself over a link (runtime/parameter_server.pull_into)
+    joins_links = True
+
+    def join_link(self, key: str, address: tuple[str, int], backend: str = "gloo") -> list[int]:
+        """Have every worker join link `key` as rank 1 (weight_link.open_link's join_here); returns their pids."""
+        if self.lora:
+            raise ValueError("an engine serving LoRA adapters loads each version as an adapter, not over a link")
+        return self._call(self.llm.collective_rpc("rlflow_link_join", args=(key, tuple(address), backend)),
+                          timeout=_LINK_WAIT_S)
+
+    def drop_link(self, key: str) -> None:
+        """Forget link `key` (broken, or its relay gone); the next pull opens a new one."""
+        try:
+            self._call(self.llm.collective_rpc("rlflow_link_close", args=(key,)), timeout=_LINK_WAIT_S)
+        except Exception:  # noqa: BLE001 -- a worker that cannot close a broken link drops it with its process
+            pass
+
+    def load_over_link(self, key: str, layouts, version: int) -> WeightsLoaded:
+        """In-flight update of `version` received by the workers over link `key` from the relay, which sends it
+        concurrently (`layouts`: the version's BucketLayouts); nothing passes through this process."""
+        if self.lora:
+            raise ValueError("an engine serving LoRA adapters loads each version as an adapter, not over a link")
+        t0 = time.perf_counter()
+        self._check_names((s.name, s.shape) for lay in layouts for s in lay.slots)
+        fields = [layout_fields(lay) for lay in layouts]
+        update = self.llm.collective_rpc("rlflow_weights_update",
+                                         kwargs={"layouts": fields, "link_key": key, "version": version})
+        return self._finish_load(self._call(self._update(update)), version, t0)
+
+    def load_ipc(self, buckets, version: int) -> WeightsLoaded:
+        """In-flight update from CUDA buckets on this engine's GPU (trainer and engine sharing it): each packed
+        bucket goes to the workers as a CUDA IPC handle and is loaded without a copy through host memory.
+        `buckets`: (BucketLayout, packed CUDA uint8 tensor) pairs, kept alive by the caller until this returns."""
+        from rlflow.stages.engine_vllm_weights import cuda_ipc_handle
+
+        t0 = time.perf_counter()
+
+        async def updates():
+            for layout, flat in buckets:
+                self._check_names((s.name, s.shape) for s in layout.slots)
+                await self.llm.collective_rpc("rlflow_weights_update", kwargs={"layouts": [layout_fields(layout)],
+                                                                                "ipc": cuda_ipc_handle(flat)})
+
+        return self._finish_load(self._call(self._update(updates())), version, t0)
+
+    async def _update(self, updates) -> dict:
+        """The weight-transfer protocol around `updates` (a coroutine), generation paused (requests kept): start,
+        the updates, finish; then running requests re-prefill under the new weights. One report with the union of
+        the workers' missing names; the checksum must agree across workers (tensor parallel: each sees all)."""
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.llm.collective_rpc("rlflow_weights_start")
+            try:
+                await updates
+            except BaseException:
+                await self.llm.collective_rpc("rlflow_weights_finish")  # leave the model loadable; the pull failed
+                raise
+            reports = await self.llm.collective_rpc("rlflow_weights_finish")
+            await self.llm.reset_prefix_cache(reset_running_requests=True)  # running KV came from the old weights
+        finally:
+            await self.llm.resume_generation()
+        sums = {r["checksum"] for r in reports}
+        return {"checksum": sums.pop() if len(sums) == 1 else "workers-disagree:" + ",".join(sorted(sums)),
+                "missing": sorted({m for r in reports for m in r["missing"]}), "worker": reports[0]}
+
+    def _check_names(self, entries) -> None:
+        """Names and shapes of a bucket against the model's checkpoint, before anything reaches the workers."""
+        entries = list(entries)
+        unknown = sorted({n for n, _ in entries} - set(self._shapes) - {"lm_head.weight"})  # a tied lm_head is not in the checkpoint
+        if unknown:
+            raise KeyError(f"load_weights: {len(unknown)} names not in the model, e.g. {unknown[:3]}; "
+                           f"expected names like {sorted(self._shapes)[:2]}")
+        for name, shape in entries:
+            if name in self._shapes and tuple(shape) != self._shapes[name]:
+                raise ValueError(f"load_weights: {name} has shape {tuple(shape)}, the model expects {self._shapes[name]}")
+
+    def _finish_load(self, report: dict, version: int, t0: float) -> WeightsLoaded:
+        # The checksum is the workers': of each tensor as it arrived in the process that loads it. vLLM fuses
+        # (qkv_proj, gate_up_proj) and on CPU repacks weights into oneDNN handles, so its parameters no longer hold
+        # the checkpoint's bytes to read back; "every parameter reported loaded" (missing) covers the load itself.
+        self.last_transfer = report["worker"]  # recv_s, load_s, bytes: benchmarks read them
+        self._weights_missing = bool(report["missing"])
+        loaded = WeightsLoaded(version, report["checksum"], list(report["missing"]))
         self._version = version
         for req in self._requests.values():
             # V_traj stays the version stamped at start(), even for a request with no token received yet:
@@ -449,15 +481,38 @@ class VLLMEngine(RolloutEngine):
         self.last_load_s = time.perf_counter() - t0
         return WeightsLoaded(version, total.hexdigest(), missing)
 
-    async def _reload(self, weights_dir: str) -> dict:
-        """rlflow_reload in every worker; returns one report with the union of their missing names."""
-        await self.llm.pause_generation(mode="keep", clear_cache=False)
-        try:
-            reports = await self.llm.collective_rpc("rlflow_reload", kwargs={"weights_path": weights_dir})
-            await self.llm.reset_prefix_cache(reset_running_requests=True)  # running KV came from the old weights
-        finally:
-            await self.llm.resume_generation()
-        return {"missing": sorted({m for r in reports for m in r["missing"]})}
+    # -- sleep and wake (GPUs: vLLM's sleep mode frees CUDA memory; compile rule sleep-unsupported on CPU) ---------
+
+    supports_sleep = True
+
+    def sleep(self, level: int) -> int:
+        """vLLM's sleep: level 1 offloads the weights to host memory and drops the KV cache, level 2 drops both. Only
+        when idle (the rollout worker asks so): vLLM's sleep aborts running requests. Returns the device bytes freed,
+        as the workers' CUDA free memory says."""
+        if level not in self.SLEEP_LEVELS:
+            raise ValueError(f"sleep level must be one of {self.SLEEP_LEVELS}, got {level}")
+        if self.asleep:
+            return 0
+        if self._requests:
+            raise RuntimeError(f"instance {self.instance_id}: sleep with {len(self._requests)} requests running")
+
+        async def go() -> int:
+            before = await self.llm.collective_rpc("rlflow_device_free")
+            await self.llm.sleep(level)
+            after = await self.llm.collective_rpc("rlflow_device_free")
+            return sum(after) - sum(before)
+
+        freed = self._call(go())
+        self._asleep = level
+        return freed
+
+    def wake_up(self) -> None:
+        """vLLM's wake_up; after level 2 the weights are not valid until the next load (the rollout worker pulls)."""
+        if not self.asleep:
+            return
+        self._call(self.llm.wake_up())
+        self._weights_missing = self._asleep == 2
+        self._asleep = 0
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -538,8 +593,3 @@ def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
             for name in handle.keys():
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
-
-
-def _shm_dir() -> str | None:
-    """/dev/shm when it exists (weights written to RAM, PLATFORM-NOTES), else the default temp dir."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

@@ -301,9 +301,9 @@ class Evaluator:
 
     def evaluate(self, version: int, published) -> dict:
         """Metrics of weights `version` (a parameter_server.Published); the weights are loaded first, and checked."""
-        from rlflow.runtime.parameter_server import pull_buckets
+        from rlflow.runtime.parameter_server import pull_into
 
-        loaded = self.engine.load_weights(pull_buckets(published), version)
+        loaded = pull_into(self.engine, published, version)
         if loaded.checksum != published.checksum:
             raise RuntimeError(f"the evaluator loaded version {version} with checksum {loaded.checksum}, "
                                f"published {published.checksum}")

