@@ -35,6 +35,8 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
         problems += check_stage_resources(spec)
         problems += [p for p in devices.place(spec, devices.gpu_count(spec, gpus))[1] if not repairs.echoes(p)]
         problems += check_reward_gpus(spec, devices.gpu_count(spec, gpus))
+        placed = devices.place(spec, devices.gpu_count(spec, gpus))[0]
+        problems += [p for p in devices.check_sleep(devices.resolve(spec, placed)) if not repairs.echoes(p)]
         if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
             check_machine(spec, problems)
     if problems:
@@ -135,8 +137,16 @@ def _devices(plan: dict) -> list[str]:
     for name, p, actor in placed:
         unit = "" if name == "evaluator" and actor else " per rank" if actor is None else " per instance"
         where = "cpu" if p["device"] == "cpu" else f"cuda, {p['gpus']:g} GPU{unit}"
-        rows.append([name, where, "declared" if p["declared"] else "auto", _vllm_settings(actor)])
+        rows.append([name, where, "declared" if p["declared"] else "auto", _vllm_settings(actor) + _sleep(actor)])
     return lines + _table(rows, indent="    ")
+
+
+def _sleep(actor: dict | None) -> str:
+    """A rollout stage's engine asleep during train steps (rlflow/devices.py sleep_plan), and why; nothing when not."""
+    if not actor or not actor.get("sleep_level"):
+        return ""
+    return f"{'; ' if 'enforce_eager' in actor.get('engine_kwargs', {}) else ''}sleeps during train steps at level " \
+           f"{actor['sleep_level']} ({actor['sleep_reason']})"
 
 
 def _vllm_settings(actor: dict | None) -> str:

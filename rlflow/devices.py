@@ -252,7 +252,69 @@ def vllm_settings(spec: Pipeline, stage: str) -> dict:
     gpus = s.num_gpus or 0
     if gpus == 0:
         return {"tensor_parallel_size": 1, "enforce_eager": True, "enable_sleep_mode": False}
-    shared = gpus < 1 and any(0 < (t.num_gpus or 0) < 1 for t in spec.stages.values() if t.kind == "train")
     return {"tensor_parallel_size": max(1, int(gpus)), "enforce_eager": False,
             "gpu_memory_utilization": s.gpu_memory_utilization or round(GPU_MEMORY_UTILIZATION * min(gpus, 1), 2),
-            "enable_sleep_mode": shared}
+            "enable_sleep_mode": _shares_gpu_with_trainer(spec, stage) or bool(s.sleep_during_train)}
+
+
+def _shares_gpu_with_trainer(spec: Pipeline, stage: str) -> bool:
+    """The stage's instances take a fraction of a GPU and so does a trainer rank: they may sit on one GPU."""
+    gpus = spec.stages[stage].num_gpus or 0
+    return 0 < gpus < 1 and any(0 < (t.num_gpus or 0) < 1 for t in spec.stages.values() if t.kind == "train")
+
+
+def _synchronous(spec: Pipeline) -> bool:
+    from rlflow.schema import CONSUME_POLICIES
+
+    return any(e.policy.kind == "barrier" for e in spec.edges if e.policy.kind in CONSUME_POLICIES)
+
+
+def sleep_plan(spec: Pipeline, stage: str) -> tuple[int, str]:
+    """(level, why) for a rollout stage of a resolved pipeline: whether its engine sleeps during each train step. On
+    when declared (sleep_during_train: true), or by default when its instances share a GPU with the trainer and the
+    run is synchronous; never in an asynchronous run (it generates while it trains). Level 2 drops the weights too
+    (every wake pulls the new version); with train.lora 1 (a version carries only the adapters, the base stays)."""
+    s = spec.stages[stage]
+    lora = any(getattr(t, "lora", None) is not None for t in spec.stages.values() if t.kind == "train")
+    level = 1 if lora else 2
+    if s.sleep_during_train is False:
+        return 0, "sleep_during_train: false"
+    if s.sleep_during_train:
+        return level, "declared (sleep_during_train: true)"
+    if not _shares_gpu_with_trainer(spec, stage):
+        return 0, "its own device"
+    if not _synchronous(spec):
+        return 0, "shares a GPU with the trainer, but the run is asynchronous: both stay resident"
+    return level, "shares a GPU with the trainer in a synchronous run"
+
+
+def check_sleep(spec: Pipeline) -> list[Problem]:
+    """sleep_during_train: true needs a synchronous run (sleep-needs-synchronous) and an engine that sleeps where it
+    runs (sleep-unsupported: vLLM's sleep mode is CUDA's; an engine class without `supports_sleep`)."""
+    from rlflow import registry
+
+    problems = []
+    for name, s in spec.stages.items():
+        if s.kind != "rollout" or not s.sleep_during_train:
+            continue
+        loc = ("stages", name, "sleep_during_train")
+        if not _synchronous(spec):
+            problems.append(Problem(loc, "an engine asleep during a train step cannot generate the next batch meanwhile, "
+                                    "and this run is asynchronous (its train edge's policy is not barrier)",
+                                    "sleep-needs-synchronous", "use policy kind barrier on the edge into train, or "
+                                    "remove sleep_during_train (an asynchronous run keeps both resident)"))
+        if s.engine == "vllm" and not (s.num_gpus or 0):
+            problems.append(Problem(loc, "engine vllm sleeps on GPUs only (its sleep mode frees CUDA memory), and this "
+                                    "stage runs on CPU", "sleep-unsupported",
+                                    "use engine: hf (it sleeps on CPU too), give the stage a GPU, or remove "
+                                    "sleep_during_train"))
+            continue
+        try:
+            engine = registry.resolve("engine", s.engine)
+        except Exception:  # noqa: BLE001 -- an engine that cannot be resolved is named by its own rule
+            continue
+        if isinstance(engine, type) and not getattr(engine, "supports_sleep", False):
+            problems.append(Problem(loc, f"engine '{s.engine}' does not implement sleep and wake_up "
+                                    "(stages/engine.py, supports_sleep)", "sleep-unsupported",
+                                    "use engine: hf or vllm, or remove sleep_during_train"))
+    return problems

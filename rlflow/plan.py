@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 from rlflow import reward_scorers
-from rlflow.devices import vllm_settings
+from rlflow.devices import sleep_plan, vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
 from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
@@ -120,6 +120,12 @@ def _elastic_extra(actors: list[dict], key: str) -> float:
     return sum(a[key] * (a["elastic"]["max_replicas"] - sum(b["stage"] == a["stage"] for b in actors)) for a in firsts)
 
 
+def _sleep(spec: Pipeline, stage: str) -> dict:
+    """Whether the stage's engine sleeps during each train step, and why (rlflow/devices.py sleep_plan)."""
+    level, why = sleep_plan(spec, stage)
+    return {"sleep_level": level, "sleep_reason": why}
+
+
 def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict]:
     actors = []
     rollouts = stages_of(spec, "rollout")
@@ -137,7 +143,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s)})
+                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s), **_sleep(spec, name)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)

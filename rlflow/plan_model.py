@@ -54,6 +54,8 @@ class RolloutActor(_Part):
     resources: dict[str, Number] = {}
     episode: dict[str, Any] | None = None  # multi-turn stages only (rlflow/runtime/episodes.py)
     elastic: dict[str, Any] | None = None  # elastic stages only (rlflow/runtime/scaling.py)
+    sleep_level: int = 0  # sleep during each train step at this level (0: never; rlflow/devices.py sleep_plan)
+    sleep_reason: str = ""  # why it sleeps or not, as the plan summary prints it
 
 
 class TrainerActor(_Part):

@@ -287,6 +287,11 @@ class RolloutStage(Strict):
     num_gpus: NonNegFloat | None = None
     """GPUs per instance (more than one: vLLM's tensor parallelism over them). Unset: decided from the cluster's GPUs
     (rlflow/devices.py: one each when there are enough, shared otherwise, CPU without GPUs); 0: CPU."""
+    sleep_during_train: bool | None = None
+    """Put the engine to sleep while a train step runs and wake it (pulling the new version) after, so the trainer
+    has the memory: KV cache and weights are freed (LoRA: the KV cache; the base weights stay). Unset: on when the
+    instances share a GPU with the trainer and the run is synchronous (policy barrier), else off. true also on CPU
+    (engine hf; vLLM sleeps on GPUs only). Needs policy barrier: an asynchronous run generates while it trains."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     """engine vllm on a GPU: the share of its GPU's memory an instance may take (weights, activations, KV cache).
     Default 0.85 when the instance has its GPU(s) to itself, 0.85 x its share of a GPU it shares (e.g. 0.42 at
@@ -727,9 +732,11 @@ class WeightSync(Strict):
     partial_rollout: bool = False
     """Interrupt running trajectories on a pull and resume them on the new weights (V_traj keeps the oldest version)."""
     transport: Literal["auto", "object_store", "collective"] = "auto"
-    """How a version travels from the trainer to the instances, in buckets, in the training dtype. collective: over gloo
-    links, trainer -> parameter server once, then relayed to each instance when it pulls (no object store, no pickling);
-    object_store: one Ray object per bucket, read zero-copy by each instance. auto: collective (the plan names it)."""
+    """How a version travels from the trainer to the instances, in buckets, in the training dtype; no file is written on
+    either. collective: over gloo links, trainer -> parameter server once, then relayed to each instance when it pulls,
+    straight into the process that loads it (vLLM's workers join the link themselves); object_store: one Ray object per
+    bucket, read zero-copy by each instance (handed to vLLM's workers through its IPC). auto: object_store (measured
+    faster on one host: docs/internals/data-path.md); the plan names the choice and why."""
     bucket_mb: Annotated[int, Field(ge=1, le=16384)] = 256
     """Bucket size in MiB: weights leave the trainer this much at a time (under ZeRO-3, gathered this much at a time),
     so no process holds a second whole copy of the model while it moves."""

@@ -165,6 +165,33 @@ class RolloutEngine(abc.ABC):
     def snapshot(self) -> EngineSnapshot:
         """The coordinator's view of this instance."""
 
+    # -- colocation: sleep during a train step, wake after (runtime/rollout_worker.py) -------------------------
+
+    #: whether `sleep` / `wake_up` are implemented (compile rule sleep-unsupported checks it)
+    supports_sleep = False
+    #: sleep levels, as vLLM's: 1 keeps the weights (off the device where there is one), drops the KV cache; 2 drops
+    #: both, so the next version must be loaded before generating again
+    SLEEP_LEVELS = (1, 2)
+
+    @property
+    def asleep(self) -> int:
+        """The level this engine sleeps at (0: awake)."""
+        return getattr(self, "_asleep", 0)
+
+    def sleep(self, level: int) -> int:
+        """Release the engine's memory while a trainer sharing its device steps: its KV cache, and at level 2 its
+        weights. Running requests keep their tokens and are re-prefilled after waking. Returns the bytes freed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep; set the rollout stage's sleep_during_train: false")
+
+    def wake_up(self) -> None:
+        """Take the memory back. After level 2 the weights are not there yet: `load_weights` must come before the
+        next `step` (the rollout worker always pulls the current version on waking)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sleep; set the rollout stage's sleep_during_train: false")
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this engine holds in tensors now: {"weights", "kv_cache"} (what sleep frees); {} if unknown."""
+        return {}
+
     def check_fits(self, traj: Trajectory) -> None:
         """Raise ValueError unless the prompt plus max_new_tokens fits in max_model_len."""
         if not traj.prompt_ids:

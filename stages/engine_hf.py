@@ -168,6 +168,9 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def step(self) -> list[Trajectory]:
+        if self.asleep or getattr(self, "_weights_missing", False):
+            raise RuntimeError(f"instance {self.instance_id} cannot generate: it is asleep, or woke from level 2 and "
+                               "has not loaded a version since (the rollout worker pulls one on waking)")
         finished: list[Trajectory] = []
         while self._waiting and len(self._batch) + len(self._unfilled) < self.max_running:
             _, traj = self._waiting.popitem(last=False)
@@ -295,15 +298,92 @@ class HFEngine(RolloutEngine):
     def load_weights(self, state, version: int) -> dict:
         """Copy each bucket straight into the parameters as it comes (`load_into`); running rows are re-prefilled
         under the new weights. The checksum is read back from the parameters, bucket by bucket."""
-        loaded = load_into(self.model.state_dict(), state, copy=self._copy_into)
+        if self.asleep:
+            raise RuntimeError(f"instance {self.instance_id}: load_weights while asleep; wake_up first")
+        names: set[str] = set()
+
+        def recorded(buckets):
+            for bucket in buckets:
+                names.update(bucket)
+                yield bucket
+
+        loaded = load_into(self.model.state_dict(), recorded(weight_buckets(state)), copy=self._copy_into)
+        missing = []
+        if getattr(self, "_weights_missing", False):  # woken from level 2: every tensor must have come
+            missing = sorted(set(self._tensors()) - names)
+            self._weights_missing = bool(missing)
         self._version = version
         self._unfilled = self._batch + self._unfilled  # the cached KV came from the old weights
         self._batch, self._cache, self._mask = [], None, None
-        return WeightsLoaded(self._version, loaded)
+        return WeightsLoaded(self._version, loaded, missing)
 
     @staticmethod
     def _copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
         copy_into(target, source)
+
+    # -- sleep and wake ------------------------------------------------------------------------
+
+    supports_sleep = True
+
+    def sleep(self, level: int) -> int:
+        """Drop the KV cache (running rows keep their tokens and are re-prefilled) and, at level 2, the weights: each
+        parameter's storage is resized to nothing, so the memory goes back to the allocator. At level 1 the weights
+        stay (on a GPU they move to host memory). Returns the bytes freed on the engine's device."""
+        if level not in self.SLEEP_LEVELS:
+            raise ValueError(f"sleep level must be one of {self.SLEEP_LEVELS}, got {level}")
+        if self.asleep:
+            return 0
+        before = self.held_bytes()
+        self._unfilled = self._batch + self._unfilled
+        self._batch, self._cache, self._mask = [], None, None
+        freed = before.get("kv_cache", 0)
+        if level == 2:
+            # each tensor of the state dict (tied weights once) gives up its data: an empty one takes its place, so
+            # the last reference to the old storage goes (a storage mapped from the checkpoint cannot be resized)
+            self._dropped = []
+            for t in {id(t): t for t in self._tensors().values()}.values():
+                self._dropped.append((t, tuple(t.shape), t.dtype))
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            freed += before["weights"]
+        elif self.device.type != "cpu":
+            freed += before["weights"]
+            self.model.to("cpu")
+        self._asleep = level
+        return freed
+
+    def wake_up(self) -> None:
+        """Storage back for every parameter (level 2: its values are whatever the allocator gave; the next load
+        fills them, and `step` refuses to run before it), or the weights back on the device (level 1)."""
+        if not self.asleep:
+            return
+        if self._asleep == 2:
+            for t, shape, dtype in self._dropped:
+                t.data = torch.empty(shape, dtype=dtype, device=self.device)
+            self._dropped, self._weights_missing = [], True
+        elif self.device.type != "cpu":
+            self.model.to(self.device)
+        self._asleep = 0
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """What a version carries: the state dict (parameters and persistent buffers; rotary tables are not in it
+        and are kept)."""
+        return self.model.state_dict(keep_vars=True)
+
+    def held_bytes(self) -> dict[str, int]:
+        seen, weights = set(), 0
+        for t in self._tensors().values():
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen and t.device == self.device:
+                seen.add(st.data_ptr())
+                weights += st.nbytes()
+        kv = 0
+        if self._cache is not None:
+            for layer in getattr(self._cache, "layers", []):
+                for name in ("keys", "values"):
+                    t = getattr(layer, name, None)
+                    if isinstance(t, torch.Tensor):
+                        kv += t.untyped_storage().nbytes()
+        return {"weights": weights, "kv_cache": kv}
 
     # -- views ---------------------------------------------------------------------------------
 

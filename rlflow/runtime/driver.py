@@ -239,6 +239,8 @@ class Run:
         self.ledger.trained(self.step + 1, staleness, list(rewards))
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
         self.sink.start(batch, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
+        for f in self.fleets:  # colocated with the trainer (the plan's sleep_level): the step gets the memory
+            f.sleep_idle(self._submit)
         self.hooks.call("on_consumed", self)
 
     def _on_trained(self, trained: StepResult) -> None:

@@ -82,6 +82,9 @@ class StepReport:
     pull_s: float  # seconds loading weights
     idle: bool  # nothing left to generate (and no episode waiting on its environment)
     loaded: WeightsLoaded | None = None  # after a pull: the engine's report of what it loaded
+    asleep: int = 0  # the level the engine sleeps at after this step (0: awake)
+    slept_freed: int = 0  # bytes the engine freed when it went to sleep in this step
+    held: dict | None = None  # the engine's held_bytes() before it slept, when it slept in this step
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ class RolloutInstance:
     interrupts: list = field(default_factory=list)  # traj ids to hand back (coordinator Interrupt)
     pull: object = None  # (version, parameter_server.Published) to load at the next step
     pulling: object = None  # the Published the outstanding step loads (its report is checked against it)
+    sleep: int = 0  # a level to sleep at after the next step, if idle (colocated with the trainer: sleep_idle)
+    asleep: int = 0  # the level its engine sleeps at, as of its last report
     snapshot: EngineSnapshot | None = None  # the engine's, at the end of its last step
     running: dict = field(default_factory=dict)  # traj_id -> routed Trajectory (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
@@ -65,7 +67,7 @@ class RolloutInstance:
         return self.alive and not self.retiring
 
     def has_work(self) -> bool:
-        return bool(self.routes or self.aborts or self.interrupts or self.pull or not self.idle)
+        return bool(self.routes or self.aborts or self.interrupts or self.pull or self.sleep or not self.idle)
 
 
 class RolloutFleet:
@@ -99,8 +101,9 @@ class RolloutFleet:
         self.timeline: list[tuple] = []  # (seconds, instance, running) for the load plot
         self.pull_s = 0.0
         self.verified: list[tuple[int, int]] = []  # (instance, version) of every pull whose load was verified
+        self.sleeps: list[dict] = []  # every time an instance went to sleep: instance, level, bytes freed, held before
         self.ps = (0, None)  # the PS's (version, ref) at the last cycle: what an instance that joins loads first
-        for k in ("rerouted", "aborted_trajectories"):
+        for k in ("rerouted", "aborted_trajectories") + (("engine_sleeps", "engine_sleep_freed_mb") if self.spec.sleep_level else ()):
             counts.setdefault(k, 0)
         self.episodic = "episode" in self.spec  # multi-turn (runtime/episodes.py): count turns and environment waits
         if self.episodic:
@@ -183,11 +186,24 @@ class RolloutFleet:
             return
         for inst in self.instances:
             if inst.alive and inst.ref is None and inst.has_work():
+                if inst.asleep and inst.routes and inst.pull is None and self.ps[1] is not None:
+                    inst.pull = self.ps  # an engine woken to generate loads the current version first
                 self.coordination.sent(inst)
-                inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull)
+                inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep)
                 inst.pulling = inst.pull[1] if inst.pull else None
-                inst.routes, inst.aborts, inst.interrupts, inst.pull = [], [], [], None
+                inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep = [], [], [], None, 0
                 submit(inst.ref, ("step", self, inst))
+
+    def sleep_idle(self, submit) -> None:
+        """A train step starts on a device this stage shares with the trainer (the plan's sleep_level): every idle
+        instance is told to sleep, in its next step call, if it is still idle then. It wakes at its next pull."""
+        level = self.spec.sleep_level
+        if not level:
+            return
+        for inst in self.instances:
+            if inst.serving and inst.idle and not inst.asleep and not inst.routes:
+                inst.sleep = level
+        self.send(submit)
 
     def outstanding(self) -> list[str]:
         return [f"{self.stage} instance {i.index} step" for i in self.instances if i.ref is not None]
@@ -204,6 +220,12 @@ class RolloutFleet:
         inst.finished_tokens += sum(meta.tokens for meta in report.finished)
         inst.finished += len(report.finished)
         inst.idle = report.idle
+        if report.asleep and not inst.asleep:
+            self.sleeps.append({"instance": inst.index, "level": report.asleep, "freed": report.slept_freed,
+                                "held": report.held})
+            self.counts["engine_sleeps"] += 1
+            self.counts["engine_sleep_freed_mb"] += report.slept_freed / 2**20
+        inst.asleep = report.asleep
         snap = report.snapshot
         inst.version, inst.snapshot = snap.version, snap
         self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap.run_trajs)))

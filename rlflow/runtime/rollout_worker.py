@@ -18,7 +18,7 @@ from rlflow import registry
 from rlflow.runtime import hop_trace
 from rlflow.runtime.messages import FinishedMeta, StepReport
 from rlflow.runtime.model_shipping import local_model_dir
-from rlflow.runtime.parameter_server import pull_buckets
+from rlflow.runtime.parameter_server import pull_into
 from rlflow.stages.engine import EngineDied
 from rlflow.stages.trajectory import Trajectory
 
@@ -59,19 +59,26 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.instance_id
 
-    def step(self, route: list[Trajectory], abort: list[str], interrupt: list[str], pull) -> StepReport:
+    def step(self, route: list[Trajectory], abort: list[str], interrupt: list[str], pull, sleep: int = 0) -> StepReport:
         """Apply commands, generate one chunk if there is work, report finished work and a snapshot.
 
-        pull: None, or (version, parameter_server.Published) to load before generating. The report's `loaded` is
-        then the engine's report of what it loaded (WeightsLoaded), which the driver verifies.
+        pull: None, or (version, parameter_server.Published) to load before generating (an engine asleep wakes
+        first). The report's `loaded` is then the engine's report of what it loaded (WeightsLoaded), which the
+        driver verifies. sleep: a level (1, 2) to sleep at after this step if nothing is left to generate: the
+        train step that follows has the memory (rollout_fleet.RolloutFleet.sleep_idle).
         """
         pull_s, loaded = 0.0, None
+        if self.engine.asleep and (pull is not None or route):
+            if pull is None and self.engine.asleep == 2:
+                raise RuntimeError(f"instance {self.instance_id} was routed work while asleep at level 2 without a pull "
+                                   "of the weights to wake to; rollout_fleet.send attaches one")
+            self.engine.wake_up()
         if pull is not None:
             version, published = pull
             t1 = time.perf_counter()
             hop_trace.mark("pulling", version)
-            # bucket by bucket over the plan's transport (parameter_server.py); the engine copies each as it comes
-            loaded = self.engine.load_weights(pull_buckets(published), version)
+            # bucket by bucket over the plan's transport (parameter_server.py); the engine loads each as it comes
+            loaded = pull_into(self.engine, published, version)
             pull_s = time.perf_counter() - t1
             hop_trace.mark("loaded", version)
         episodes, done, interrupted = self.episodes, [], []
@@ -122,8 +129,13 @@ class RolloutWorker:
         if episodes:  # between turns, on their environment; and episodes completed, as the coordinator counts them
             snapshot = replace(snapshot, env_trajs=episodes.waiting_ids(),
                                complete_trajs=snapshot.complete_trajs - self.turns_not_complete)
-        return StepReport(self.instance_id, meta, interrupted, snapshot, busy, pull_s,
-                          self.engine.idle and not (episodes and episodes.waiting), loaded)
+        idle = self.engine.idle and not (episodes and episodes.waiting)
+        freed, held = 0, None
+        if sleep and idle and not self.engine.asleep:
+            held = self.engine.held_bytes()
+            freed = self.engine.sleep(sleep)
+        return StepReport(self.instance_id, meta, interrupted, snapshot, busy, pull_s, idle, loaded,
+                          self.engine.asleep, freed, held)
 
     def _interrupt(self, tid: str):
         """Hand a trajectory back partial: off the engine, or (multi-turn) from its environment; its episode's

@@ -97,3 +97,33 @@ def test_run_refuses_a_plan_compiled_for_gpus_this_machine_lacks(monkeypatch):
         check_local_gpus(plan)
     assert e.value.problems[0].rule == "no-gpus" and "compiled for 2 GPU(s) (--gpus 2)" in e.value.render()
     check_local_gpus(Plan.of(compile_pipeline(QUICKSTART, gpus=0)))  # a CPU plan runs anywhere
+
+
+SYNCHRONOUS = ["--set", "edges.3.policy={kind: barrier}"]
+
+
+@pytest.mark.parametrize("gpus, policy, level, why", [
+    ("1", SYNCHRONOUS, 2, "shares a GPU with the trainer in a synchronous run"),
+    ("1", [], 0, "shares a GPU with the trainer, but the run is asynchronous: both stay resident"),
+    ("2", SYNCHRONOUS, 0, "its own device"),
+    ("0", SYNCHRONOUS, 0, "its own device"),
+])
+def test_the_engine_sleeps_during_train_steps_only_where_it_shares_a_gpu_in_a_synchronous_run(tmp_path, capsys, gpus,
+                                                                                               policy, level, why):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", gpus, *VLLM, *policy)
+    rollout = actor(plan, "rollout")
+    assert (rollout["sleep_level"], rollout["sleep_reason"]) == (level, why)
+    assert ("sleeps during train steps at level 2 (shares a GPU with the trainer in a synchronous run)" in printed) == bool(level)
+    if gpus == "1":  # vLLM is started with sleep mode wherever it shares the GPU (its evaluator too)
+        assert rollout["engine_kwargs"]["enable_sleep_mode"] is True
+
+
+def test_sleep_declared_on_cpu_with_the_hf_engine_and_lora_keeps_the_base(tmp_path, capsys):
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *SYNCHRONOUS, "--set", "stages.rollout.sleep_during_train=true")
+    assert (actor(plan, "rollout")["sleep_level"], actor(plan, "rollout")["sleep_reason"]) == (2, "declared (sleep_during_train: true)")
+    assert "rollout  cpu  auto  sleeps during train steps at level 2 (declared (sleep_during_train: true))" in printed
+    plan, _ = compiled(tmp_path, capsys, "--gpus", "0", *SYNCHRONOUS, "--set", "stages.rollout.sleep_during_train=true",
+                       "--set", "stages.train.lora={rank: 4}")
+    assert actor(plan, "rollout")["sleep_level"] == 1  # a version carries only the adapters: the base must stay
+    plan, _ = compiled(tmp_path, capsys, "--gpus", "1", *VLLM, *SYNCHRONOUS, "--set", "stages.rollout.sleep_during_train=false")
+    assert actor(plan, "rollout")["sleep_level"] == 0

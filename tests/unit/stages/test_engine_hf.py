@@ -215,3 +215,52 @@ def test_generation_raises_no_future_warning(repeat_model_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         assert len(run_to_idle(engine)) == 6
+
+
+def test_sleep_frees_weights_and_kv_cache_and_wake_generates_only_after_a_load(repeat_model_dir):
+    """Colocation's schedule on the hf engine: level 2 gives every state-dict tensor's memory back (weights and KV cache,
+    with rows mid-generation), refuses to generate until a version is loaded after waking, and then generates exactly
+    what an engine that never slept generates from the same weights."""
+    import psutil
+
+    rows = mixed_rows(6)
+    slept = HFEngine(repeat_model_dir, max_running=8, chunk_size=2, max_new_tokens=16, temperature=0)
+    awake = HFEngine(repeat_model_dir, max_running=8, chunk_size=2, max_new_tokens=16, temperature=0)
+    state = perturbed_state(slept.model)
+    first = {}
+    for engine in (slept, awake):
+        for traj in trajectories(engine.tokenizer, rows):
+            engine.start(traj)
+        first[engine] = engine.step()  # rows are mid-generation: the KV cache holds their tokens
+    held = slept.held_bytes()
+    assert held["weights"] == sum(t.numel() * t.element_size() for t in {id(t): t for t in slept.model.state_dict().values()}.values())
+    assert held["kv_cache"] > 0
+    rss = psutil.Process().memory_info().rss
+    freed = slept.sleep(2)
+    assert freed == held["weights"] + held["kv_cache"] and slept.asleep == 2
+    assert slept.held_bytes() == {"weights": 0, "kv_cache": 0}
+    # the weights' pages went back to the allocator (a 2.5 MB model: most of it leaves the process)
+    assert rss - psutil.Process().memory_info().rss >= held["weights"] // 2
+    with pytest.raises(RuntimeError, match="asleep"):
+        slept.step()
+    with pytest.raises(RuntimeError, match="while asleep"):
+        slept.load_weights(state, version=1)
+    slept.wake_up()
+    assert slept.asleep == 0 and slept.held_bytes()["weights"] == held["weights"]
+    with pytest.raises(RuntimeError, match="has not loaded a version"):
+        slept.step()
+    partial = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    assert slept.load_weights(partial, version=1).missing == ["lm_head.weight"]  # woke from level 2: all must come
+    for engine in (slept, awake):
+        engine.load_weights(state, version=1)
+    done = {e: sorted((t.traj_id, t.completion_ids) for t in first[e] + run_to_idle(e)) for e in (slept, awake)}
+    assert done[slept] == done[awake] and len(done[slept]) == 6
+
+
+def test_sleep_at_level_1_keeps_the_weights(repeat_model_dir):
+    engine = HFEngine(repeat_model_dir, max_new_tokens=8)
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    engine.sleep(1)
+    engine.wake_up()
+    assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
+    assert engine.step() == []  # generates again without a load
