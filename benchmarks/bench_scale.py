@@ -434,6 +434,8 @@ def main(argv=None) -> int:
             finally:
                 ray.shutdown()
     results = RESULTS.with_name("scale_gpu.md") if args.device == "cuda" else RESULTS
+    if set(args.parts) != {"transport", "vllm", "trainer"}:  # a partial run keeps the whole ladder's file as it is
+        results = results.with_name(f"{results.stem}_{'_'.join(sorted(args.parts))}.md")
     if "trainer" in args.parts:
         import tempfile
 

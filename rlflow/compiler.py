@@ -225,7 +225,7 @@ def summary(plan: dict) -> str:
     trainer = next((a for a in plan["actors"] if a["role"] == "trainer"), None)
     if trainer and trainer.get("weights"):
         w = trainer["weights"]
-        lines.append(f"  weights to rollout: {w['transport']}" + (" (auto)" if w["declared"] == "auto" else "")
+        lines.append(f"  weights to rollout: {w['transport']}" + (f" ({w.get('reason', 'auto')})" if w["declared"] == "auto" else "")
                      + f", {w['bucket_bytes'] / 2**20:g} MiB buckets, in {trainer['trainer_kwargs']['dtype']}")
     pred = plan["prediction"]
     if pred["available"]:

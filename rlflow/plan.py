@@ -204,12 +204,20 @@ def lora_kwargs(spec: Pipeline) -> dict:
 
 def weight_transport(spec: Pipeline) -> dict:
     """How versions leave the trainer (rlflow/runtime/parameter_server.py): the weight_sync edges' transport (they agree:
-    rule weight-transports-differ) resolved, and the bucket size. auto is the object store: measured on one node
-    here (benchmarks/bench_scale.py), a version costs about half what it costs over the gloo links, and on a GPU both
-    stage through host memory until an NCCL transport exists; `collective` is there to be chosen."""
+    rule weight-transports-differ) resolved, why, and the bucket size. auto: `collective` when a rollout stage runs vLLM
+    (its workers receive over their own link, in memory: the fastest way in measured, benchmarks/bench_scale.py's vLLM
+    rows), else `object_store` (a version over the store costs less than over gloo's loopback on one host, and the hf
+    engine copies it in where it lands). Both stage through host memory, on GPUs too (docs/internals/data-path.md)."""
     syncs = [e.policy for e in spec.edges if e.policy.kind == BACK_EDGE]
     declared = syncs[0].transport if syncs else "auto"
-    return {"transport": "object_store" if declared == "auto" else declared, "declared": declared,
+    vllm = any(spec.stages[n].engine == "vllm" for n in stages_of(spec, "rollout"))
+    if declared != "auto":
+        transport, why = declared, "declared"
+    elif vllm:
+        transport, why = "collective", "auto: vLLM's workers receive over their own links, in memory"
+    else:
+        transport, why = "object_store", "auto: the engines copy from the object store where it lands"
+    return {"transport": transport, "declared": declared, "reason": why,
             "bucket_bytes": (syncs[0].bucket_mb if syncs else 256) * 2**20}
 
 

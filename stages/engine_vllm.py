@@ -333,6 +333,8 @@ class VLLMEngine(RolloutEngine):
     def load_weights(self, state, version: int) -> WeightsLoaded:
         """In-flight update from buckets handed in (the object-store transport): each bucket goes to the workers
         through vLLM's IPC and into the model's load_weights as it comes; the checksum is the workers'."""
+        import torch
+
         from rlflow.stages.weight_buckets import as_tensor, pack, plan_buckets
 
         if self.lora:
@@ -345,7 +347,8 @@ class VLLMEngine(RolloutEngine):
                 tensors = {n: as_tensor(v) for n, v in bucket.items()}
                 # vLLM's IPC carries plain values: the bucket goes packed, as bytes, with its layout
                 layout = plan_buckets(((n, tuple(t.shape), t.dtype) for n, t in tensors.items()), 2**62)[0]
-                data = pack(layout, tensors.values()).numpy().tobytes()
+                data = bytearray(layout.nbytes)  # packed straight into what the IPC sends: one copy here
+                pack(layout, tensors.values(), out=torch.frombuffer(data, dtype=torch.uint8))
                 await self.llm.collective_rpc("rlflow_weights_update", kwargs={"layouts": [layout_fields(layout)],
                                                                                 "data": data})
 

@@ -102,7 +102,8 @@ class VLLMWorkerExtension:
         state = self._rlflow_update
         layouts = [layout_from_fields(f) for f in layouts]
         if data is not None:
-            self._rlflow_load(unpack(layouts[0], torch.frombuffer(bytearray(data), dtype=torch.uint8)))
+            data = data if isinstance(data, bytearray) else bytearray(data)  # writable: torch views it, no warning
+            self._rlflow_load(unpack(layouts[0], torch.frombuffer(data, dtype=torch.uint8)))
             return len(data)
         if ipc is not None:  # CUDA IPC: the sender's packed bucket, mapped here without a copy (same GPU)
             from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -118,13 +119,7 @@ class VLLMWorkerExtension:
         if int(header.item()) != version:
             raise LookupError(f"the relay no longer holds weights version {version} (it answered {int(header.item())})")
         state["recv_s"] += time.perf_counter() - t0
-        for layout in layouts:
-            # a buffer per bucket, not one reused: vLLM's layerwise reload holds a layer's tensors until the layer is
-            # complete, which may be buckets later (a reused buffer would be overwritten under it)
-            flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=link.device)
-            t1 = time.perf_counter()
-            link.recv(flat)
-            state["recv_s"] += time.perf_counter() - t1
+        for layout, flat in _received(link, layouts, state):
             self._rlflow_load(unpack(layout, flat))
         return sum(lay.nbytes for lay in layouts)
 
@@ -179,3 +174,36 @@ class VLLMWorkerExtension:
         self.__dict__.pop("_rlflow_update", None)
         return {"checksum": checksum.hexdigest(), "missing": sorted(expected - state["reported"]), "tied": state["tied"],
                 "recv_s": state["recv_s"], "load_s": state["load_s"] + time.perf_counter() - t0, "bytes": state["bytes"]}
+
+
+def _received(link, layouts: list[BucketLayout], state: dict):
+    """The buckets of a version as they arrive over `link`, received one ahead on a thread of their own while the
+    caller loads the one before (gloo and NCCL waits release the GIL), so receiving and loading overlap. A buffer per
+    bucket, not one reused: vLLM's layerwise reload holds a layer's tensors until the layer is complete, which may
+    be buckets later. Yields (layout, packed buffer)."""
+    import queue
+    import threading
+
+    import torch
+
+    ready: queue.Queue = queue.Queue(maxsize=1)
+
+    def receive() -> None:
+        try:
+            for layout in layouts:
+                flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=link.device)
+                t0 = time.perf_counter()
+                link.recv(flat)
+                state["recv_s"] += time.perf_counter() - t0
+                ready.put((layout, flat))
+        except BaseException as err:  # noqa: BLE001 -- handed to the loading side, which raises it
+            ready.put(err)
+
+    thread = threading.Thread(target=receive, name="rlflow-weights-recv", daemon=True)
+    thread.start()
+    for _ in layouts:
+        item = ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+    thread.join()

@@ -105,8 +105,9 @@ class ParameterServer:
             with self._lock:
                 spare = next((i for i, b in enumerate(self._spare) if b.numel() == layout.nbytes), None)
                 buf = self._spare.pop(spare) if spare is not None else torch.empty(layout.nbytes, dtype=torch.uint8)
-            self._links[key].recv(buf)
             buffers.append(buf)
+        for work in [self._links[key].recv_async(buf) for buf in buffers]:  # all posted: gloo fills them in order
+            work.wait()
         with self._lock:
             self._held[version] = buffers
             for old in sorted(self._held)[:-RELAY_KEEPS]:
@@ -129,8 +130,8 @@ class ParameterServer:
             if buffers is None:
                 raise LookupError(f"weights version {version} is no longer held by the parameter server (it holds "
                                   f"{held}); a pull must follow its publish within {RELAY_KEEPS} versions")
-            for buf in buffers:
-                link.send(buf)
+            for work in [link.send_async(buf) for buf in buffers]:  # held until the version is evicted: all at once
+                work.wait()
         except RuntimeError:
             with self._lock:  # a broken link (the peer died or timed out): drop it; the peer opens a new one
                 self._links.pop(key, None)
@@ -164,10 +165,10 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
     layouts = tuple(layouts)
     t0 = time.perf_counter()
     total, refs, move_s, checksum_s = Checksum(), [], 0.0, 0.0
-    receiving, staging = None, None
+    receiving, sending = None, [None, None]  # collective: the send in flight from each of the two staging buffers
     if transport == "collective":
         receiving = params.receive.remote(link.key, version, layouts)
-        staging = link.staging(max((lay.nbytes for lay in layouts), default=0))
+        largest = max((lay.nbytes for lay in layouts), default=0)
     for (layout, tensors), expected in zip(buckets, layouts, strict=True):
         if layout != expected:
             raise ValueError("publish: the buckets do not follow the layouts announced for them")
@@ -180,12 +181,19 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
                 total.add(slot.name, from_bytes(slot, data))
             del stored
             move_s, checksum_s = move_s + (t2 - t1), checksum_s + (time.perf_counter() - t2)
-        else:
+        else:  # bucket k is packed and checksummed while bucket k-1 is still on the wire
             for slot, t in zip(layout.slots, tensors):
                 total.add(slot.name, t)
             t2 = time.perf_counter()
-            link.send(pack(layout, tensors, out=staging[: layout.nbytes]))
+            which = len(refs) % 2
+            if sending[which] is not None:
+                sending[which].wait()
+            sending[which] = link.send_async(pack(layout, tensors, out=link.staging(largest, which)[: layout.nbytes]))
+            refs.append(None)  # counts the buckets sent (refs stays None for this transport)
             checksum_s, move_s = checksum_s + (t2 - t1), move_s + (time.perf_counter() - t2)
+    for work in sending:
+        if work is not None:
+            work.wait()
     if receiving is not None:
         ray.get(receiving, timeout=LINK_TIMEOUT.total_seconds())
     published = Published(version, refs if transport == "object_store" else None, total.hexdigest(), layouts, transport,

@@ -35,12 +35,14 @@ class Link:
         self.group, self.rank, self.key, self.device = group, rank, key, torch.device(device)
         self._staging = torch.empty(0, dtype=torch.uint8, device=self.device)
 
-    def staging(self, nbytes: int) -> torch.Tensor:
-        """A buffer of `nbytes` kept for the link's life: a fresh one per version would fault its pages in again
-        (about as costly as the copy itself on a fresh VM)."""
-        if self._staging.numel() < nbytes:
-            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._staging[:nbytes]
+    def staging(self, nbytes: int, which: int = 0) -> torch.Tensor:
+        """A buffer of `nbytes` kept for the link's life (two: `which` 0 or 1, so one can be filled while the other
+        is sent): a fresh one per version would fault its pages in again (about as costly as the copy itself on a
+        fresh VM)."""
+        buffers = self.__dict__.setdefault("_buffers", [self._staging, torch.empty(0, dtype=torch.uint8, device=self.device)])
+        if buffers[which].numel() < nbytes:
+            buffers[which] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffers[which][:nbytes]
 
     @property
     def peer(self) -> int:
@@ -48,6 +50,14 @@ class Link:
 
     def send(self, t: torch.Tensor) -> None:
         self.group.send([t], self.peer, 0).wait()
+
+    def send_async(self, t: torch.Tensor):
+        """Start sending `t` (left untouched until the returned work's `wait()`)."""
+        return self.group.send([t], self.peer, 0)
+
+    def recv_async(self, t: torch.Tensor):
+        """Start receiving into `t`; complete at the returned work's `wait()`."""
+        return self.group.recv([t], self.peer, 0)
 
     def recv(self, t: torch.Tensor) -> None:
         """Receive into `t` (a contiguous CPU tensor of the size the sender sends)."""

@@ -46,7 +46,8 @@ def test_a_run_over_the_collective_transport_verifies_every_pull(ray_cluster, wo
     version each instance loaded matches what the trainer published (or the run would stop, RunFailed)."""
     plan = plan_for("laminar", "edges.4.policy.transport=collective", "edges.4.policy.bucket_mb=1")
     trainer = next(a for a in plan["actors"] if a["role"] == "trainer")
-    assert trainer["weights"] == {"transport": "collective", "declared": "collective", "bucket_bytes": 2**20}
+    assert trainer["weights"] == {"transport": "collective", "declared": "collective", "reason": "declared",
+                                  "bucket_bytes": 2**20}
     run = run_plan(plan)
     assert [h["step"] for h in run.history] == [1, 2, 3]
     assert_as_compiled(run, plan)  # laminar as shipped, but for its transport (test_run.py leaves it out of the default run)
