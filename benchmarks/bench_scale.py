@@ -422,14 +422,15 @@ def main(argv=None) -> int:
                   "publish + pull is what a version costs an instance; `vs before` is the file reload's seconds over "
                   "the path's (the goal: at least 1.5x at 0.5B)."]
         for size in args.vllm_sizes:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+            ray.init(num_cpus=2, num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                                                "PYTHONPATH": str(Path(__file__).parent)}})
             try:
                 print(f"{size}: weights into vLLM ...", flush=True)
                 Trainer, _ = transport_actors()
                 with tempfile.TemporaryDirectory() as tmp:
-                    lines += table(size, measure(size, args.repeat, Path(tmp), Trainer, build_model))
+                    dtype = "bfloat16" if args.device == "cuda" else "float32"
+                    lines += table(size, measure(size, args.repeat, Path(tmp), Trainer, build_model, dtype))
                 print("\n".join(lines[-6:]), flush=True)
             finally:
                 ray.shutdown()

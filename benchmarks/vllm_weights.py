@@ -8,7 +8,8 @@ Three paths, each verified (the checksum of what the engine loaded is the traine
 - collective: the workers themselves receive the buckets over a gloo link from the parameter server's relay
   (stages/engine_vllm_weights.py, runtime/parameter_server.py pull_into).
 
-The model is fp32 (vLLM's fast dtype on CPU) with random weights in the Qwen2 shapes of bench_scale.py.
+The model is fp32 (vLLM's fast dtype on CPU; bf16 with --device cuda, the engine then on the GPU) with random
+weights in the Qwen2 shapes of bench_scale.py.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ def instance_actor():
     class VLLMInstance:
         """A rollout instance's vLLM engine and the three ways a version reaches it."""
 
-        def __init__(self, model_dir: str):
+        def __init__(self, model_dir: str, dtype: str):
             import torch
 
             from rlflow.stages.engine_vllm import VLLMEngine
 
             torch.set_num_threads(1)
-            self.engine = VLLMEngine(model_dir, max_running=4, max_new_tokens=8, max_model_len=128, dtype="float32")
+            self.engine = VLLMEngine(model_dir, max_running=4, max_new_tokens=8, max_model_len=128, dtype=dtype,
+                                     gpu_memory_utilization=0.4, enforce_eager=True)
 
         def pull(self, published) -> tuple[str, float, dict]:
             from rlflow.runtime.parameter_server import pull_into
@@ -81,7 +83,7 @@ def instance_actor():
     return VLLMInstance
 
 
-def save_fp32(size: str, out: Path, build_model) -> Path:
+def save_model(size: str, out: Path, build_model, dtype: str) -> Path:
     """The model as a Hugging Face directory vLLM loads, with the tiny model's tokenizer (vLLM needs one; only its
     decode is used here)."""
     import shutil
@@ -89,21 +91,22 @@ def save_fp32(size: str, out: Path, build_model) -> Path:
     from rlflow.stages.tiny_model import build_tiny_llama
 
     if not (out / "config.json").exists():
-        build_model(size, "float32").save_pretrained(out)
+        build_model(size, dtype).save_pretrained(out)
         for f in Path(build_tiny_llama("repeat", progress=lambda line: None)).glob("tokenizer*"):
             shutil.copy(f, out)
     return out
 
 
-def measure(size: str, repeat: int, tmp: Path, trainer_cls, build_model) -> list[dict]:
+def measure(size: str, repeat: int, tmp: Path, trainer_cls, build_model, dtype: str = "float32") -> list[dict]:
     """Rows for one size: publish and pull seconds per path, and what the pull spent where."""
     import ray
 
     from rlflow.runtime.parameter_server import ParameterServer
 
-    model_dir = save_fp32(size, tmp / f"vllm-{size}", build_model)
-    trainer = trainer_cls.remote(size, "float32")
-    instance = instance_actor().remote(str(model_dir))
+    model_dir = save_model(size, tmp / f"vllm-{size}", build_model, dtype)
+    trainer = trainer_cls.remote(size, dtype)
+    opts = {"num_gpus": 0.5} if dtype == "bfloat16" else {}  # on a GPU host: the engine on the GPU
+    instance = instance_actor().options(**opts).remote(str(model_dir), dtype)
     rows, version = [], 0
     for path in ("before", "object_store", "collective"):
         server = ParameterServer.remote()
@@ -135,7 +138,7 @@ LABELS = {"before": "before: safetensors in /dev/shm + reload_weights",
 
 def table(size: str, rows: list[dict]) -> list[str]:
     before = next(r for r in rows if r["path"] == "before")
-    lines = [f"\n### vLLM, {size}: {rows[0]['bytes'] / 2**30:.2f} GiB of fp32 weights per version (tied lm_head sent "
+    lines = [f"\n### vLLM, {size}: {rows[0]['bytes'] / 2**30:.2f} GiB of weights per version (tied lm_head sent "
              "once more), verified by checksum\n",
              "| path | buckets | publish s | pull s | publish + pull s | vs before | in the pull |",
              "|---|---:|---:|---:|---:|---:|---|"]
