@@ -17,8 +17,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-BUCKET_BYTES = 256 * 2**20
-
 
 def instance_actor():
     import ray

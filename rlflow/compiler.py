@@ -33,9 +33,10 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
     if spec is not None:
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
         problems += check_stage_resources(spec)
-        problems += [p for p in devices.place(spec, devices.gpu_count(spec, gpus))[1] if not repairs.echoes(p)]
-        problems += check_reward_gpus(spec, devices.gpu_count(spec, gpus))
-        placed = devices.place(spec, devices.gpu_count(spec, gpus))[0]
+        count = devices.gpu_count(spec, gpus)
+        placed, placing = devices.place(spec, count)
+        problems += [p for p in placing if not repairs.echoes(p)]
+        problems += check_reward_gpus(spec, count)
         problems += [p for p in devices.check_sleep(devices.resolve(spec, placed)) if not repairs.echoes(p)]
         if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
             check_machine(spec, problems)

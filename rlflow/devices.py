@@ -264,6 +264,8 @@ def _shares_gpu_with_trainer(spec: Pipeline, stage: str) -> bool:
 
 
 def _synchronous(spec: Pipeline) -> bool:
+    """The policy into train is barrier (graph.py's _consume_policy reads the same edge; importing it here would
+    close an import cycle through component_checks)."""
     from rlflow.schema import CONSUME_POLICIES
 
     return any(e.policy.kind == "barrier" for e in spec.edges if e.policy.kind in CONSUME_POLICIES)

@@ -188,6 +188,12 @@ class RolloutEngine(abc.ABC):
         next `step` (the rollout worker always pulls the current version on waking)."""
         raise NotImplementedError(f"{type(self).__name__} cannot sleep; set the rollout stage's sleep_during_train: false")
 
+    def check_awake(self) -> None:
+        """RuntimeError unless the engine can generate: awake, and (after waking from level 2) a version loaded."""
+        if self.asleep or getattr(self, "_weights_missing", False):
+            raise RuntimeError(f"instance {self.instance_id} cannot generate: it is asleep, or woke from level 2 and "
+                               "has not loaded a version since (the rollout worker pulls one on waking)")
+
     def held_bytes(self) -> dict[str, int]:
         """Bytes this engine holds in tensors now: {"weights", "kv_cache"} (what sleep frees); {} if unknown."""
         return {}

@@ -168,9 +168,7 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def step(self) -> list[Trajectory]:
-        if self.asleep or getattr(self, "_weights_missing", False):
-            raise RuntimeError(f"instance {self.instance_id} cannot generate: it is asleep, or woke from level 2 and "
-                               "has not loaded a version since (the rollout worker pulls one on waking)")
+        self.check_awake()
         finished: list[Trajectory] = []
         while self._waiting and len(self._batch) + len(self._unfilled) < self.max_running:
             _, traj = self._waiting.popitem(last=False)

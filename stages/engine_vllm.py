@@ -201,9 +201,7 @@ class VLLMEngine(RolloutEngine):
     # -- routing -------------------------------------------------------------------------------
 
     def start(self, traj: Trajectory) -> None:
-        if self.asleep or getattr(self, "_weights_missing", False):
-            raise RuntimeError(f"instance {self.instance_id} cannot generate: it is asleep, or woke from level 2 and "
-                               "has not loaded a version since (the rollout worker pulls one on waking)")
+        self.check_awake()
         self.check_fits(traj)
         if traj.traj_id in self._requests:
             raise ValueError(f"trajectory {traj.traj_id} is already on instance {self.instance_id}")
@@ -354,8 +352,11 @@ class VLLMEngine(RolloutEngine):
 
         return self._finish_load(self._call(self._update(updates())), version, t0)
 
-    #: the weights arrive in the vLLM worker itself over a link (runtime/parameter_server.pull_into)
-    joins_links = True
+    @property
+    def joins_links(self) -> bool:
+        """The weights arrive in the vLLM worker itself over a link (runtime/parameter_server.pull_into); not with
+        train.lora, whose versions are adapters (load_weights)."""
+        return not self.lora
 
     def join_link(self, key: str, address: tuple[str, int], backend: str = "gloo") -> list[int]:
         """Have every worker join link `key` as rank 1 (weight_link.open_link's join_here); returns their pids."""

@@ -169,7 +169,7 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
     if transport == "collective":
         receiving = params.receive.remote(link.key, version, layouts)
         largest = max((lay.nbytes for lay in layouts), default=0)
-    for (layout, tensors), expected in zip(buckets, layouts, strict=True):
+    for k, ((layout, tensors), expected) in enumerate(zip(buckets, layouts, strict=True)):
         if layout != expected:
             raise ValueError("publish: the buckets do not follow the layouts announced for them")
         t1 = time.perf_counter()
@@ -185,11 +185,9 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
             for slot, t in zip(layout.slots, tensors):
                 total.add(slot.name, t)
             t2 = time.perf_counter()
-            which = len(refs) % 2
-            if sending[which] is not None:
-                sending[which].wait()
-            sending[which] = link.send_async(pack(layout, tensors, out=link.staging(largest, which)[: layout.nbytes]))
-            refs.append(None)  # counts the buckets sent (refs stays None for this transport)
+            if sending[k % 2] is not None:
+                sending[k % 2].wait()
+            sending[k % 2] = link.send_async(pack(layout, tensors, out=link.staging(largest, k % 2)[: layout.nbytes]))
             checksum_s, move_s = checksum_s + (t2 - t1), move_s + (time.perf_counter() - t2)
     for work in sending:
         if work is not None:
@@ -265,7 +263,7 @@ def pull_into(engine, published: Published, version: int) -> WeightsLoaded:
     """Load `published` into `engine` as `version`. Over the collective transport an engine that `joins_links`
     (vLLM: its workers hold the model) receives it in its own processes, over a link to the relay that they joined
     (opened on first use, per relay); any other engine is given the buckets (`pull_buckets`)."""
-    if published.transport != "collective" or not getattr(engine, "joins_links", False) or getattr(engine, "lora", None):
+    if published.transport != "collective" or not getattr(engine, "joins_links", False):
         return engine.load_weights(pull_buckets(published), version)
     slot = (id(engine), published.relay._actor_id.hex())
     hosted = _ENGINE_LINKS.get(slot)

@@ -29,20 +29,19 @@ LINK_TIMEOUT = timedelta(seconds=120)
 
 
 class Link:
-    """One end of a two-member gloo group: send and receive whole buffers to and from the other end."""
+    """One end of a two-member gloo or NCCL group: send and receive whole buffers to and from the other end."""
 
     def __init__(self, group, rank: int, key: str, device: torch.device | str = "cpu"):
         self.group, self.rank, self.key, self.device = group, rank, key, torch.device(device)
-        self._staging = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._buffers = [torch.empty(0, dtype=torch.uint8, device=self.device) for _ in range(2)]
 
     def staging(self, nbytes: int, which: int = 0) -> torch.Tensor:
         """A buffer of `nbytes` kept for the link's life (two: `which` 0 or 1, so one can be filled while the other
         is sent): a fresh one per version would fault its pages in again (about as costly as the copy itself on a
         fresh VM)."""
-        buffers = self.__dict__.setdefault("_buffers", [self._staging, torch.empty(0, dtype=torch.uint8, device=self.device)])
-        if buffers[which].numel() < nbytes:
-            buffers[which] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return buffers[which][:nbytes]
+        if self._buffers[which].numel() < nbytes:
+            self._buffers[which] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._buffers[which][:nbytes]
 
     @property
     def peer(self) -> int:
@@ -60,7 +59,7 @@ class Link:
         return self.group.recv([t], self.peer, 0)
 
     def recv(self, t: torch.Tensor) -> None:
-        """Receive into `t` (a contiguous CPU tensor of the size the sender sends)."""
+        """Receive into `t` (a contiguous tensor on the link's device, of the size the sender sends)."""
         self.group.recv([t], self.peer, 0).wait()
 
     def close(self) -> None:
@@ -104,7 +103,7 @@ def accept(address: tuple[str, int], key: str, backend: str = "gloo", device=Non
 
 
 class Hosted:
-    """The opening side's record of a link that another process joined in its place (`open_link(join=...)`): its key,
+    """The opening side's record of a link that another process joined in its place (`open_link(join_here=...)`): its key,
     and the rendezvous store, which lives as long as the link."""
 
     def __init__(self, key: str, store):

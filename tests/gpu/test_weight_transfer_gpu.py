@@ -109,6 +109,7 @@ def test_vllm_workers_receive_a_version_over_an_nccl_link(vllm_engine, model_dir
 
 def test_vllm_sleep_frees_gpu_memory_and_wakes_to_a_loaded_version(vllm_engine, model_dir):
     freed = vllm_engine.sleep(2)
+    print(f"vLLM sleep(2) freed {freed / 2**20:.1f} MiB of GPU memory")  # device_check.sh records it
     assert freed > 0 and vllm_engine.asleep == 2
     with pytest.raises(RuntimeError, match="asleep"):
         vllm_engine.start(None)
@@ -128,6 +129,7 @@ def test_hf_engine_sleep_frees_its_gpu_memory(model_dir):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     assert engine.sleep(2) >= held
+    print(f"hf sleep(2) freed {(before - torch.cuda.memory_allocated()) / 2**20:.1f} MiB of GPU memory")
     assert before - torch.cuda.memory_allocated() >= held  # back to the caching allocator: the trainer can take it
     engine.wake_up()
     engine.load_weights(perturbed(model_dir, 4), version=1)
