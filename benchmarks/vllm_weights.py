@@ -3,8 +3,9 @@
 Three paths, each verified (the checksum of what the engine loaded is the trainer's), best of `repeat`:
 - before: the file reload rlflow had (each bucket from the object store written as a safetensors shard into
   /dev/shm, then vLLM's `reload_weights` on the directory), re-created here as it was, for the ratio;
-- object_store: the buckets handed to vLLM's workers through its IPC, loaded in memory as they come
-  (stages/engine_vllm.py load_weights);
+- object_store: vLLM's workers read the buckets from Ray's object store themselves (zero-copy on one node), their
+  references lent by the parameter server, and load them in memory as they come (stages/engine_vllm.py
+  load_from_store);
 - collective: the workers themselves receive the buckets over a gloo link from the parameter server's relay
   (stages/engine_vllm_weights.py, runtime/parameter_server.py pull_into).
 
@@ -130,7 +131,7 @@ def measure(size: str, repeat: int, tmp: Path, trainer_cls, build_model, dtype: 
 
 
 LABELS = {"before": "before: safetensors in /dev/shm + reload_weights",
-          "object_store": "object_store: buckets through vLLM's IPC, loaded in memory",
+          "object_store": "object_store: vLLM's workers read Ray's store, loaded in memory",
           "collective": "collective: gloo link into vLLM's worker, loaded in memory"}
 
 

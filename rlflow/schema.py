@@ -735,9 +735,8 @@ class WeightSync(Strict):
     """How a version travels from the trainer to the instances, in buckets, in the training dtype; no file is written on
     either. collective: over gloo links, trainer -> parameter server once, then relayed to each instance when it pulls,
     straight into the process that loads it (vLLM's workers join the link themselves); object_store: one Ray object per
-    bucket, read zero-copy by each instance (handed to vLLM's workers through its IPC). auto: collective when a rollout
-    stage runs vLLM, else object_store (each the faster there, measured: docs/internals/data-path.md); the plan names
-    the choice and why."""
+    bucket, read zero-copy by each instance (by vLLM's workers themselves). auto: object_store (the faster for both
+    engines, measured: docs/internals/data-path.md); the plan names the choice and why."""
     bucket_mb: Annotated[int, Field(ge=1, le=16384)] = 256
     """Bucket size in MiB: weights leave the trainer this much at a time (under ZeRO-3, gathered this much at a time),
     so no process holds a second whole copy of the model while it moves."""

@@ -384,6 +384,29 @@ class VLLMEngine(RolloutEngine):
                                          kwargs={"layouts": fields, "link_key": key, "version": version})
         return self._finish_load(self._call(self._update(update)), version, t0)
 
+    store_readers: list[int] = []  # process ids of the workers once connected to the Ray cluster (load_from_store)
+
+    def load_from_store(self, server, key: str, layouts, version: int) -> WeightsLoaded:
+        """In-flight update of `version` read by the workers themselves from Ray's object store (zero-copy on this
+        node), its references lent by parameter server `server` under `key` (parameter_server.pull_into); the
+        object-store backend of the protocol `load_over_link` runs over a link. The workers connect to the cluster
+        on the first such pull."""
+        import ray
+
+        if self.lora:
+            raise ValueError("an engine serving LoRA adapters loads each version as an adapter, not from the store")
+        t0 = time.perf_counter()
+        self._check_names((s.name, s.shape) for lay in layouts for s in lay.slots)
+        if not self.store_readers:
+            ctx = ray.get_runtime_context()
+            self.store_readers = self._call(self.llm.collective_rpc("rlflow_store_join", args=(ctx.gcs_address, ctx.namespace)),
+                                            timeout=_LINK_WAIT_S)
+        # an actor handle pickled by Ray's cloudpickle is a reference Ray keeps counting (unlike an ObjectRef's)
+        loan = [ray.cloudpickle.dumps(server), key]
+        update = self.llm.collective_rpc("rlflow_weights_update",
+                                         kwargs={"layouts": [layout_fields(lay) for lay in layouts], "loan": loan})
+        return self._finish_load(self._call(self._update(update)), version, t0)
+
     def load_ipc(self, buckets, version: int) -> WeightsLoaded:
         """In-flight update from CUDA buckets on this engine's GPU (trainer and engine sharing it): each packed
         bucket goes to the workers as a CUDA IPC handle and is loaded without a copy through host memory.

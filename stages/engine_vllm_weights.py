@@ -8,11 +8,14 @@ per version start, update bucket by bucket, finish), written as methods vLLM mix
   group as rank 1 (rlflow/runtime/weight_link.py); gloo on CPU, NCCL on a GPU. Links are per relay, not one
   group over the whole fleet, so an instance that joins late or restarts opens its own link and nobody else
   stops (Laminar, "relay workers" §4.2; StaleFlow's per-instance pulls, §5.1).
+- `rlflow_store_join(address, namespace)`, once per process: the worker connects to the Ray cluster (as vLLM's own
+  Ray executor connects its engine process), to read a version's buckets from the object store itself.
 - `rlflow_weights_start()`: vLLM's layerwise reload is set up (the kernel-format weights, oneDNN-packed on CPU
   and fused qkv/gate_up everywhere, are put back into checkpoint form as layers receive their tensors).
-- `rlflow_weights_update(layouts=...)` receives the version's packed buckets over the link (`link_key`), or
-  `rlflow_weights_update(data=...)` takes one packed bucket handed in the call itself (the object-store backend: the
-  rollout actor read it zero-copy from Ray's store and vLLM's IPC carries it), or `ipc=...`, a CUDA IPC handle of
+- `rlflow_weights_update(layouts=...)` receives the version's packed buckets over the link (`link_key`), or reads
+  them from Ray's store (`loan`: the object-store backend; zero-copy on the same node, the references lent by the
+  parameter server so they pass in-band), or takes one packed bucket handed in the call itself (`data`, carried by
+  vLLM's IPC: a state dict handed to `load_weights` directly), or `ipc=...`, a CUDA IPC handle of
   one packed bucket on the same GPU (`cuda_ipc_handle`: trainer and engine sharing a GPU). Each bucket goes to
   the model's own `load_weights` as it arrives, and each tensor is checksummed here, from what arrived.
 - `rlflow_weights_finish()`: the layerwise reload is finalised (each layer re-processed into kernel form), a
@@ -66,6 +69,19 @@ class VLLMWorkerExtension:
         links[key] = join(address, 1, key, backend=backend, device=device)
         return os.getpid()
 
+    def rlflow_store_join(self, address: str, namespace: str) -> int:
+        """Connect this worker's process to the Ray cluster at `address` (as vLLM's own Ray executor connects its
+        engine process), so it reads a version's buckets from the object store itself: zero-copy views on the same
+        node, the object manager's transfer from another. Once per process. Returns the worker's process id."""
+        import os
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.ERROR,
+                     configure_logging=False)
+        return os.getpid()
+
     def rlflow_link_close(self, key: str) -> None:
         link = self.__dict__.get("_rlflow_links", {}).pop(key, None)
         if link is not None:
@@ -93,14 +109,19 @@ class VLLMWorkerExtension:
             initialize_layerwise_reload(model)
 
     def rlflow_weights_update(self, layouts: list[list] | None = None, link_key: str | None = None,
-                              version: int | None = None, data: bytes | None = None, ipc: tuple | None = None) -> int:
+                              version: int | None = None, data: bytes | None = None, ipc: tuple | None = None,
+                              loan: list | None = None) -> int:
         """One packed bucket handed in (`data`, its layout `layouts[0]`), or a version's buckets over link
         `link_key` (`layouts`): the relay first sends a header, the version it holds or -1 (no longer held), then
-        the packed buckets. Each is checksummed and loaded as it arrives. Returns the bytes received."""
+        the packed buckets; or (`loan`: [the parameter server's handle, pickled; a loan key]) the version's
+        object-store buckets, whose references the server lends (`rlflow_store_join` first). Each bucket is
+        checksummed and loaded as it arrives. Returns the bytes received."""
         import torch
 
         state = self._rlflow_update
         layouts = [layout_from_fields(f) for f in layouts]
+        if loan is not None:
+            return self._rlflow_load_loan(layouts, *loan)
         if data is not None:
             data = data if isinstance(data, bytearray) else bytearray(data)  # writable: torch views it, no warning
             self._rlflow_load(unpack(layouts[0], torch.frombuffer(data, dtype=torch.uint8)))
@@ -121,6 +142,24 @@ class VLLMWorkerExtension:
         state["recv_s"] += time.perf_counter() - t0
         for layout, flat in _received(link, layouts, state):
             self._rlflow_load(unpack(layout, flat))
+        return sum(lay.nbytes for lay in layouts)
+
+    def _rlflow_load_loan(self, layouts: list[BucketLayout], server: bytes, key: str) -> int:
+        """The object-store backend: each bucket read from Ray's store in this process (zero-copy on the same node)
+        and loaded; the references come from the parameter server's loan `key`, in-band, so Ray counts them."""
+        import ray
+
+        from rlflow.runtime.weight_link import LINK_TIMEOUT
+        from rlflow.stages.weight_buckets import from_bytes
+
+        timeout = LINK_TIMEOUT.total_seconds()
+        refs = ray.get(ray.cloudpickle.loads(server).lent.remote(key), timeout=timeout)
+        for layout, ref in zip(layouts, refs, strict=True):
+            t0 = time.perf_counter()
+            stored = ray.get(ref, timeout=timeout)
+            self._rlflow_update["recv_s"] += time.perf_counter() - t0
+            self._rlflow_load({slot.name: from_bytes(slot, data) for slot, data in zip(layout.slots, stored)})
+            del stored
         return sum(lay.nbytes for lay in layouts)
 
     def _rlflow_load(self, bucket: dict) -> None:

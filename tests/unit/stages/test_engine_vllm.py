@@ -208,13 +208,15 @@ def test_abort_frees_the_slot(engines):
     batch = trajectories(engine.tokenizer, long_rows(6), group="ab")
     for traj in batch:
         engine.start(traj)
-    done = []  # everything step() hands back, from the first call on
-    for _ in range(200):
-        done += engine.step()
+    # vLLM generates on its own loop: the four admitted requests start on one decode step and run 24 tokens, so
+    # the snapshot is polled, not step()ped (a step can wait for output longer than that window; CI missed it)
+    deadline = time.monotonic() + 60
+    snap = engine.snapshot()
+    while len(snap.run_trajs) < 4 and time.monotonic() < deadline:
+        time.sleep(0.0005)
         snap = engine.snapshot()
-        if len(snap.run_trajs) == 4:
-            break
     assert len(snap.run_trajs) == 4 and len(snap.wait_trajs) == 2, snap
+    done = []  # everything step() hands back
     victim = snap.run_trajs[0]
     assert engine.abort(victim) is True
     assert victim not in engine.snapshot().run_trajs
