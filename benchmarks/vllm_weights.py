@@ -135,14 +135,22 @@ LABELS = {"before": "before: safetensors in /dev/shm + reload_weights",
           "collective": "collective: gloo link into vLLM's worker, loaded in memory"}
 
 
-def table(size: str, rows: list[dict]) -> list[str]:
+def table(size: str, rows: list[dict], step_s: float | None = None, source: str | None = None) -> list[str]:
+    """The rows as markdown; with a train step's seconds at this size (`step_s`, measured in `source`), each path's
+    seconds per version as a share of a step (a synchronous run waits that long for its weights each step)."""
     before = next(r for r in rows if r["path"] == "before")
+    share = step_s is not None
     lines = [f"\n### vLLM, {size}: {rows[0]['bytes'] / 2**30:.2f} GiB of weights per version (tied lm_head sent "
              "once more), verified by checksum\n",
-             "| path | buckets | publish s | pull s | publish + pull s | vs before | in the pull |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| path | buckets | publish s | pull s | publish + pull s | vs before |"
+             + (" share of a step |" if share else "") + " in the pull |",
+             "|---|---:|---:|---:|---:|---:|" + ("---:|" if share else "") + "---|"]
     for r in rows:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in r["parts"].items() if k.endswith("_s"))
         lines.append(f"| {LABELS[r['path']]} | {r['buckets']} | {r['publish_s']:.2f} | {r['pull_s']:.2f} | "
-                     f"{r['total_s']:.2f} | {before['total_s'] / r['total_s']:.2f}x | {parts} |")
+                     f"{r['total_s']:.2f} | {before['total_s'] / r['total_s']:.2f}x | "
+                     + (f"{r['total_s'] / step_s:.1%} | " if share else "") + f"{parts} |")
+    if share:
+        lines.append(f"\nShare of a step: publish + pull over one {size} train step, {step_s:.2f} s (packed, "
+                     f"activation checkpointing off; {source}).")
     return lines

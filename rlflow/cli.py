@@ -45,11 +45,12 @@ def handled(command):
         except PipelineInvalid as e:
             print(e.render(), file=sys.stderr)
             return EXIT_INVALID
-        except KeyboardInterrupt as e:  # a second Ctrl-C (or SIGTERM) while stopping: no checkpoint
-            print("interrupted", file=sys.stderr)
+        except KeyboardInterrupt as e:  # a second Ctrl-C (or SIGTERM) while stopping: what was left unwritten
+            print(e.describe() if hasattr(e, "describe") else "interrupted", file=sys.stderr)
             return getattr(e, "exit_code", 130)
         except RunFailed as e:  # the run stopped for a reason it names (stall, dead trainer, failed stream)
-            print(f"run stopped: {e}", file=sys.stderr)
+            if not getattr(e, "announced", False):  # the driver logs the stops it sees itself
+                print(f"run stopped: {e}", file=sys.stderr)
             return EXIT_UNAVAILABLE
         except Exception:  # a bug in rlflow: show everything
             traceback.print_exc()

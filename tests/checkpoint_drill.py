@@ -146,6 +146,37 @@ def fault(model_dir: str, run_dir: Path, point: str) -> dict:
                        "partial_existed": before is not None})
 
 
+def disk_full(model_dir: str, run_dir: Path, point: str) -> dict:
+    """The disk fills at `point` in the save of step CRASH_STEP (ENOSPC injected there, in a child): the save must
+    raise DiskFull (exit 3 in `rlflow run`) and leave no unpublished file behind; then, space freed, the resume
+    trains on to STEPS (this process)."""
+    from rlflow.runtime.disk_space import DiskFull
+
+    said = run_dir / "disk_full.txt"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.environ[ENV] = f"enospc:{point}@{CRASH_STEP}"
+            MiniRun(model_dir, run_dir, fresh=True).train_to(CRASH_STEP)
+        except DiskFull as err:
+            said.write_text(str(err))
+            code = 0
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    status = wait(pid)
+    ckpt = run_dir / checkpoint.CHECKPOINT_DIR
+    left = sorted(p.name for p in ckpt.iterdir() if p.is_dir()) + sorted(p.name for p in run_dir.glob("*.tmp"))
+    published = json.loads((run_dir / checkpoint.STATE_FILE).read_text())["checkpoint"]["tag"]
+    run = MiniRun(model_dir, run_dir, fresh=False)
+    out = run.resume()
+    tags = run.train_to(STEPS, restored=out["restore"])
+    return run.finish({**out, "status": status, "said": said.read_text() if said.exists() else None,
+                       "left": left, "published_after_full": published, "tags_after": tags})
+
+
 def branch(model_dir: str, run_dir: Path) -> dict:
     """A save killed before publishing leaves step-4 complete but unpublished; the resume from step-2 trains steps 3-4
     again on groups generated again (step-4.1). When step-6 and step-4.1 are then damaged, the fallback must take
@@ -247,6 +278,8 @@ def scenario(name: str, model_dir: str, run_dir: Path) -> dict:
     if kind == "fault":
         assert arg in POINTS, arg
         return fault(model_dir, run_dir, arg)
+    if kind == "enospc":
+        return disk_full(model_dir, run_dir, arg)
     if kind == "branch":
         return branch(model_dir, run_dir)
     if kind == "damaged":

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlflow.errors import RunFailed
+from rlflow.runtime import disk_space
 from rlflow.runtime.fault_points import reach
 
 STATE_FILE = "state.json"  # in the run directory: the published checkpoint
@@ -89,11 +90,32 @@ def resumable(run_dir: Path) -> bool:
 
 # ---------------------------------------------------------------------------------------------- save
 def save(out_dir: Path, trainer: Trainer, state: dict, *, log: Callable[[str], None] = print) -> Path:
-    """Write checkpoint step-<state["step"]> and publish it; returns its tag directory."""
-    step = state["step"]
+    """Write checkpoint step-<state["step"]> and publish it; returns its tag directory. A write that fails for lack
+    of space raises disk_space.DiskFull (exit 3) after removing the unpublished tag: state.json still names the last
+    good checkpoint. Warns first when the free space is below what the last checkpoint took."""
     ckpt = Path(out_dir) / CHECKPOINT_DIR
+    try:
+        last = json.loads((Path(out_dir) / STATE_FILE).read_text())["checkpoint"]["tag"]
+    except (OSError, ValueError, KeyError, TypeError):
+        last = None
+    needed = disk_space.tree_bytes(ckpt / last) if last else None
+    disk_space.check_before_save(Path(out_dir), needed, log)
+    written: list[Path] = []
+    try:
+        return _save(Path(out_dir), ckpt, trainer, state, written, log)
+    except Exception as err:
+        if not disk_space.disk_full(err, ckpt):
+            raise
+        for path in written:  # never published: nothing names them, and the space is what the user lacks
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        raise disk_space.DiskFull(f"the checkpoint of step {state['step']}", ckpt, needed, err) from err
+
+
+def _save(out_dir: Path, ckpt: Path, trainer: Trainer, state: dict, written: list[Path], log) -> Path:
+    step = state["step"]
     ckpt.mkdir(parents=True, exist_ok=True)
     tag = _fresh_tag(ckpt, step, log)
+    written.append(ckpt / tag)
     counters = trainer.save(str(ckpt), tag, {"step": step})
     reach("trainer_saved", step)
     unit = {**state, "tag": tag, "trainer": counters}
@@ -106,9 +128,11 @@ def save(out_dir: Path, trainer: Trainer, state: dict, *, log: Callable[[str], N
     reach("manifest_written", step)
     pointer = {**unit, "checkpoint": {"tag": tag, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}}
     tmp = Path(out_dir) / (STATE_FILE + ".tmp")
+    written.append(tmp)
     _write_durably(tmp, json.dumps(pointer).encode())
     reach("pointer_staged", step)
     tmp.replace(Path(out_dir) / STATE_FILE)  # publishes: state.json names a complete checkpoint, or the previous one
+    written.clear()  # published: nothing of it is to be removed any more
     _fsync_dir(Path(out_dir))
     reach("published", step)
     return ckpt / tag

@@ -27,7 +27,8 @@ import ray
 
 from rlflow.errors import RunFailed
 from rlflow.plan_model import Plan
-from rlflow.runtime import checkpoint, hop_trace, run_setup
+from rlflow.runtime import checkpoint, disk_space, hop_trace, run_setup
+from rlflow.runtime.disk_space import DiskFull
 from rlflow.runtime.hooks import RunHooks
 from rlflow.runtime.messages import ScoredBatch, StepResult
 from rlflow.runtime.metrics import Metrics
@@ -68,6 +69,7 @@ class Run:
         self.control = plan.staleness.model_dump(exclude_unset=True)  # the buffer's policy arguments
         self.stop_requested = False
         self.ending = False  # _shutdown started: a step finished now routes no new work
+        self.exported = False  # the final export is written (what a second stop signal leaves out)
         self.stop_signal: int | None = None  # the signal that stopped the run (rlflow run exits 128 + it)
         self.grace: Grace | None = None  # after SIGTERM: the bound on the stop (stop_signal.py)
         self.saved_step: int | None = None  # the step of the last checkpoint this process wrote
@@ -140,15 +142,23 @@ class Run:
             status = "FINISHED" if not self.stop_requested else "KILLED"
         except RunFailed as err:
             self.log(f"run stopped: {err}")
-            if not self.trainer_dead:
+            err.announced = True  # said here, where the run's log has it too: `rlflow run` does not say it again
+            if not self.trainer_dead and not isinstance(err, DiskFull):
                 status = "KILLED"  # the trainer is alive: save a checkpoint to resume from, then fail
             raise
+        except Exception as err:  # a ledger, MLflow or export write on a full disk: a named stop, not a bug
+            if not disk_space.disk_full(err, self.out_dir):
+                raise
+            full = DiskFull("a write of the run", self.out_dir, None, err)
+            self.log(f"run stopped: {full}")
+            full.announced = True
+            raise full from err
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            try:
+            try:  # rlflow's handler stays through the final writes: a second signal there quits saying what is left
                 self._shutdown(status)
             finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
                 if self.grace is not None:
                     self.grace.cancel()
                 self.metrics.close()  # a progress line still drawn (the run stopped early) ends here
@@ -322,7 +332,7 @@ class Run:
 
     def _on_stop_signal(self, signum, _frame):
         if self.stop_requested:
-            raise StoppedAgain(signum)
+            raise StoppedAgain(signum, self._stop_waiting_for())
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         self.log(f"\nstopping on {name}: finishing the current step and saving a checkpoint ({name} again to quit at "
                  "once); rlflow run --resume continues")
@@ -336,7 +346,9 @@ class Run:
         if self.saved_step != self.step:
             return f"the checkpoint of step {self.step}" + (f" (the last saved: step {self.saved_step})"
                                                             if self.saved_step is not None else "")
-        return f"the export of step {self.step} (its checkpoint is saved)"
+        if not self.exported:
+            return f"the export of step {self.step} (its checkpoint is saved)"
+        return f"the end of the MLflow run and of the actors (step {self.step} is saved and exported)"
 
     # ------------------------------------------------------------------ checkpoint / shutdown (resume: run_resume.py)
     def _checkpoint(self) -> None:
@@ -391,8 +403,14 @@ class Run:
                                          pred["mean"] if pred.get("available") else None)
                 self.tracker.log_json("summary.json", self.summary())
         finally:
-            self.tracker.end(status)
-            self._end_actors()
+            try:
+                self.tracker.end(status)
+            except Exception as err:  # MLflow's store on a full disk: the stop already says so; the actors still end
+                if not disk_space.disk_full(err, self.out_dir):
+                    raise
+                self.log(f"MLflow could not record the run's end ({err}): the disk is full")
+            finally:
+                self._end_actors()
 
     def _export(self) -> None:
         """The last published weights as a Hugging Face directory in <run dir>/export/, logged as the MLflow model."""
@@ -401,6 +419,7 @@ class Run:
         path = self.exports.final(self.step, self.weights.ref)
         uri = self.tracker.log_model(path, step=self.step, info={"pipeline": self.plan.name, "step": self.step,
                                                                  "version": self.weights.version})
+        self.exported = True
         self.log(f"exported the policy (step {self.step}) to {path} in {time.perf_counter() - t0:.1f} s; MLflow model {uri}")
 
     def _end_actors(self) -> None:

@@ -1,12 +1,15 @@
 """Named points inside a checkpoint's save where a test may kill the writer (fault injection, not random).
 
 `RLFLOW_FAULT_AT=<point>` (or `<point>@<step>`: only in the save of that step) makes the process `os._exit(FAULT_EXIT)`
-the moment it reaches that point: no handler, no flush, no cleanup, as under kill -9. Unset, a point costs one
-dictionary lookup. tests/unit/runtime/test_checkpoint_faults.py kills a save at each point in turn and resumes.
+the moment it reaches that point: no handler, no flush, no cleanup, as under kill -9. `RLFLOW_FAULT_AT=enospc:<point>`
+(`@<step>` as well) instead makes the write there fail as on a full disk: OSError ENOSPC. Unset, a point costs one
+dictionary lookup. tests/unit/runtime/test_checkpoint_faults.py kills a save at each point in turn (and fills the
+disk at each) and resumes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 ENV = "RLFLOW_FAULT_AT"
@@ -29,7 +32,11 @@ def reach(point: str, step: int) -> None:
     if not want:
         return
     name, _, at = want.partition("@")
-    if name not in POINTS:
-        raise ValueError(f"{ENV}={want!r}: unknown fault point {name!r}; the points are {', '.join(POINTS)}")
+    kind, _, name = name.rpartition(":")
+    if name not in POINTS or kind not in ("", "enospc"):
+        raise ValueError(f"{ENV}={want!r}: unknown fault point {name!r}; the points are {', '.join(POINTS)}, each "
+                         "alone (the process exits) or as enospc:<point> (the write fails as on a full disk)")
     if name == point and (not at or int(at) == step):
+        if kind == "enospc":
+            raise OSError(errno.ENOSPC, f"No space left on device (injected at {point}, {ENV})")
         os._exit(FAULT_EXIT)

@@ -12,6 +12,7 @@ takes tens of seconds to a minute or two. Set RLFLOW_STOP_GRACE_S to the orchest
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -28,11 +29,37 @@ def exit_code(signum: int) -> int:
 
 
 class StoppedAgain(KeyboardInterrupt):
-    """A second stop signal while stopping: quit at once; `rlflow run` exits `exit_code`."""
+    """A second stop signal while stopping: quit at once; `rlflow run` exits `exit_code`, saying what was left
+    unwritten (`left`, e.g. "the export of step 4 (its checkpoint is saved)")."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, left: str | None = None, *, again: bool = True):
         super().__init__(signal.Signals(signum).name)
-        self.exit_code = exit_code(signum)
+        self.exit_code, self.left, self.again = exit_code(signum), left, again
+
+    def describe(self) -> str:
+        name = "Ctrl-C" if self.exit_code == exit_code(signal.SIGINT) else str(self)
+        return (f"{name}{' again' if self.again else ''}: quit at once" + (f", without {self.left}" if self.left else "")
+                + "; rlflow run --resume continues from the last checkpoint")
+
+
+@contextlib.contextmanager
+def quit_on_signal(left: Callable[[], str]):
+    """Within: SIGINT and SIGTERM raise StoppedAgain saying what `left()` is (the writes after a run: its summary,
+    Ray's shutdown), so rlflow's handler, not Ray's (which exits 15), is the one installed until the process
+    exits. Outside the main thread (a run started from a thread) nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise StoppedAgain(signum, left(), again=False)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def grace_s() -> float:

@@ -209,6 +209,31 @@ def test_sigterm_stops_like_ctrl_c_with_a_checkpoint(ray_cluster, workdir):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_second_sigterm_during_the_final_writes_quits_143_saying_what_was_left(ray_cluster, workdir, capsys):
+    """rlflow's handler stays installed through the shutdown's writes (it used to be swapped back for Ray's first,
+    which exited 15 saying nothing): SIGTERM twice just before the final export quits at once, 143, naming the
+    export it left out; the checkpoint of the last step is already published, and the previous handler is back."""
+    from rlflow.runtime.driver import Run
+    from rlflow.runtime.hooks import RunHooks
+    from rlflow.runtime.stop_signal import StoppedAgain
+
+    def twice(run):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in the main thread: a stop requested
+        os.kill(os.getpid(), signal.SIGTERM)  # and now a second one: quit
+
+    plan = plan_for("synchronous", "stages.train.steps=2")
+    out = Path(".rlflow/runs") / plan["name"]
+    before = signal.getsignal(signal.SIGTERM)
+    run = Run(plan, out_dir=out, log=print, hooks=RunHooks(before_export=twice))
+    with pytest.raises(StoppedAgain) as stopped:
+        run.run()
+    assert stopped.value.exit_code == 143
+    assert stopped.value.describe() == ("SIGTERM again: quit at once, without the export of step 2 (its checkpoint is "
+                                        "saved); rlflow run --resume continues from the last checkpoint")
+    assert json.loads((out / "state.json").read_text())["step"] == 2 and not run.exported
+    assert signal.getsignal(signal.SIGTERM) is before and run.grace.done.is_set()
+
+
 def ledger_open_groups(out: Path) -> tuple[list[str], int]:
     """Groups the ledger has drawn but not finished, in draw order, and how many prompts were drawn."""
     import sqlite3
@@ -560,6 +585,33 @@ def test_killed_trainer_stops_with_a_clear_message_and_resumes(ray_cluster, work
     out = Path(".rlflow/runs/trainer-killed")
     with pytest.raises(RunFailed, match=r"trainer died during step 2.*--resume"):
         Run(plan, out_dir=out, log=lambda *a: None, hooks=RunHooks(on_consumed=kill_trainer)).run()
+    resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
+    resumed.run()
+    assert [h["step"] for h in resumed.history] == [1, 2, 3]
+    assert_ledger(out, steps=3, batch=2, eta=1)
+
+
+def test_a_full_disk_during_a_checkpoint_stops_named_and_the_resume_trains_every_step_once(ray_cluster, workdir,
+                                                                                           monkeypatch):
+    """ENOSPC in the driver's part of step 2's save (fault_points, enospc:state_written@2): the run stops with
+    DiskFull (rule disk-full, `rlflow run` exits 3) naming the checkpoint path and the bytes step 1's checkpoint
+    took, without a second save attempt; the unpublished tag is gone, state.json names step 1; the resume, space
+    back, trains steps 2-3 once each (tests/unit/runtime/test_checkpoint_faults.py fills the disk at every write
+    point of a save)."""
+    from rlflow.runtime.disk_space import DiskFull
+    from rlflow.runtime.driver import Run
+    from rlflow.runtime.fault_points import ENV
+
+    plan = plan_for("quickstart", "stages.train.steps=3", "stages.train.checkpoint_every=1")
+    out = Path(".rlflow/runs/disk-full")
+    monkeypatch.setenv(ENV, "enospc:state_written@2")
+    with pytest.raises(DiskFull) as stopped:
+        Run(plan, out_dir=out, log=lambda *a: None).run()
+    assert str(stopped.value).startswith(f"disk-full: the checkpoint of step 2 failed at {out.absolute() / 'checkpoint'}")
+    assert "needed" in str(stopped.value) and stopped.value.rule == "disk-full"
+    assert json.loads((out / "state.json").read_text())["checkpoint"]["tag"] == "step-1"
+    assert sorted(p.name for p in (out / "checkpoint").iterdir() if p.is_dir()) == ["step-1"]
+    monkeypatch.delenv(ENV)
     resumed = Run(plan, out_dir=out, resume=True, log=lambda *a: None)
     resumed.run()
     assert [h["step"] for h in resumed.history] == [1, 2, 3]

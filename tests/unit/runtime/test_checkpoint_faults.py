@@ -19,7 +19,8 @@ from rlflow.runtime.fault_points import FAULT_EXIT, POINTS
 
 TESTS = Path(__file__).resolve().parents[2]
 PUBLISHED = POINTS.index("published")  # a kill from this point on leaves the new checkpoint published
-SCENARIOS = (["reference"] + [f"fault:{p}" for p in POINTS] + ["damaged:truncated", "damaged:missing",
+FILLED = POINTS[:POINTS.index("published")]  # where a save can still fail for lack of space (it writes)
+SCENARIOS = (["reference"] + [f"fault:{p}" for p in POINTS] + [f"enospc:{p}" for p in FILLED] + ["damaged:truncated", "damaged:missing",
              "damaged:unloadable", "disagree:new", "disagree:old", "old_layout", "branch"])
 
 
@@ -53,6 +54,20 @@ def trained_once(result: dict, reference: dict) -> None:
     twice (or skipped) moves them elsewhere. (The drill already checked the ledger: one group per step, none twice.)"""
     assert result["final"] == {"version": STEPS, "optimizer_steps": STEPS}
     same_weights(result["dir"], reference["dir"])
+
+
+@pytest.mark.parametrize("point", FILLED)
+def test_a_disk_full_at_each_write_point_is_a_named_stop_keeping_the_last_checkpoint(drill, point):
+    """ENOSPC at each write of step 4's save: DiskFull (rule disk-full, `rlflow run` exits 3) naming the path and the
+    bytes the last checkpoint took; the unpublished tag and staged pointer are removed (the space is what is short),
+    state.json still names step-2, and once space is back the resume trains every step once."""
+    r = drill[f"enospc:{point}"]
+    assert r["status"] == 0, "the save did not raise DiskFull"
+    assert r["said"].startswith(f"disk-full: the checkpoint of step {CRASH_STEP} failed at ") and "needed" in r["said"]
+    assert "No space left on device (injected at" in r["said"] and "`rlflow run --resume` continues" in r["said"]
+    assert r["left"] == [f"step-{CHECKPOINT_EVERY}"] and r["published_after_full"] == f"step-{CHECKPOINT_EVERY}"
+    assert r["step"] == CHECKPOINT_EVERY
+    trained_once(r, drill["reference"])
 
 
 @pytest.mark.parametrize("point", POINTS)

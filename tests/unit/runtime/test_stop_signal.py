@@ -53,15 +53,41 @@ def test_rlflow_run_exits_128_plus_the_signal_that_stopped_it(tmp_path, monkeypa
     assert rlflow_run_with(StoppedRun, tmp_path, monkeypatch) == code
 
 
-def test_a_second_sigterm_while_stopping_exits_143(tmp_path, monkeypatch):
+def test_a_second_sigterm_while_stopping_exits_143_saying_what_was_left(tmp_path, monkeypatch, capsys):
     class AgainRun:
         def __init__(self, plan, **kwargs):
             pass
 
-        def run(self):
-            raise StoppedAgain(signal.SIGTERM)  # what Run._on_stop_signal raises on the second signal
+        def run(self):  # what Run._on_stop_signal raises on the second signal
+            raise StoppedAgain(signal.SIGTERM, "the export of step 3 (its checkpoint is saved)")
 
     assert rlflow_run_with(AgainRun, tmp_path, monkeypatch) == 143 == exit_code(signal.SIGTERM)
+    assert capsys.readouterr().err.strip().endswith(
+        "SIGTERM again: quit at once, without the export of step 3 (its checkpoint is saved); rlflow run --resume "
+        "continues from the last checkpoint")
+
+
+def test_a_signal_after_the_run_is_rlflows_not_rays(tmp_path, monkeypatch, capsys):
+    """Between the driver's handler going and the process exiting (the summary, Ray's shutdown) a stop signal is
+    still rlflow's: 143 and what was left, not Ray's exit 15 with nothing said."""
+    class DoneRun:
+        history = [{"step": 1}]
+        stop_requested, stop_signal = False, None
+
+        def __init__(self, plan, **kwargs):
+            pass
+
+        def run(self):
+            pass
+
+        def summary(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while launch() writes the summary
+            return {"steps": 1}
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert rlflow_run_with(DoneRun, tmp_path, monkeypatch) == 143
+    assert "SIGTERM: quit at once, without the run's summary and Ray's shutdown" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 STUCK = """
