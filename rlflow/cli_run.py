@@ -21,7 +21,10 @@ def run(plan: PlanFile = None, bare: Bare = None,
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="[RUN]", show_default=False,
             help="continue a run from its checkpoint: the newest run of the plan's pipeline, or RUN (a run id under "
-                 ".rlflow/runs/<name>/, or a run directory)")] = None,
+                 ".rlflow/runs/<name>/, or a run directory). What the run started with is compared first: a changed "
+                 "batch, group size, algorithm, model, tokenizer, data file or reward is refused (exit 2, with the way "
+                 "to a new run from the checkpoint's weights: rlflow export, then model.path); appended data rows and "
+                 "other settings are applied and said")] = None,
         address: Annotated[str | None, typer.Option(help="join this Ray cluster instead of starting an embedded one",
                                                     show_default=False)] = None,
         sets: Sets = None) -> int:

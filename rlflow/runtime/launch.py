@@ -26,7 +26,7 @@ from pathlib import Path
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.placement import check_cluster, embedded_resources
 from rlflow.plan_model import Plan
-from rlflow.runtime import hop_trace, reaper, run_lock, stop_signal
+from rlflow.runtime import hop_trace, reaper, run_fingerprint, run_lock, stop_signal
 
 RUNS_DIR = Path(".rlflow") / "runs"
 RUN_FILE = "run.json"  # in each run directory: run id, pipeline, source, start time, overrides
@@ -83,6 +83,7 @@ def new_run_dir(plan: Plan, root: Path = RUNS_DIR) -> Path:
             "started_utc": datetime.now(UTC).isoformat(timespec="seconds"), "overrides": list(plan.overrides)}
     (base / run_id / RUN_FILE).write_text(json.dumps(info, indent=2))
     (base / run_id / RUN_PLAN_FILE).write_text(json.dumps(plan.raw, indent=2) + "\n")
+    run_fingerprint.record(plan, base / run_id)  # what a --resume of it is compared with (run_fingerprint.py)
     return base / run_id
 
 
@@ -205,8 +206,11 @@ def user_modules(python_path: list[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------------- before Ray starts
 def preflight(plan: Plan) -> None:
     """Inputs the plan names that may have changed since compile, checked before Ray starts: the model
-    directory and the DeepSpeed config (PipelineInvalid, exit 2). The driver checks them again itself."""
-    problems: list[Problem] = []
+    directory, the DeepSpeed config and the user code (user_code_check.py) (PipelineInvalid, exit 2). The driver
+    checks the first two again itself."""
+    from rlflow.runtime import user_code_check
+
+    problems: list[Problem] = user_code_check.check(plan)
     if not plan.model["path"].startswith("builtin:"):
         from rlflow.runtime.model import check_model_dir
 
@@ -257,6 +261,7 @@ def launch(plan: Plan | dict, *, resume: bool | str = False, address: str | None
     with ExitStack() as owned:
         if run_dir is not None:  # before anything starts: a run in use is refused at no cost
             owned.enter_context(run_lock.acquire(run_dir, source=plan.source, log=log))
+            run_fingerprint.check(plan, run_dir, log=log)  # a changed batch, model, data... is refused here, exit 2
         return _launch(plan, clock, run_dir, owned, resume=resume, address=address, log=log, root=root)
 
 
@@ -330,6 +335,10 @@ def _launch(plan: Plan, clock, run_dir: Path | None, owned: ExitStack, *, resume
         if started:
             ray.shutdown()
         raise
+    # Run.run holds its own handler (stop at the step's end); before and after it, until this process is done,
+    # a stop signal quits at once saying what is left (Ray's handler, put back otherwise, exits 15 saying nothing)
+    owned.enter_context(stop_signal.quit_on_signal(lambda: "the run's summary and Ray's shutdown" if getattr(run, "history", None)
+                                                   else "the run's start (nothing trained yet)"))
     try:
         run.run()
         summary = run.summary() | {"stopped": run.stop_requested, "run_dir": str(out_dir),
