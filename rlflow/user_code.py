@@ -15,6 +15,9 @@ Whether it fits, by signature, at compile (rule `not-a-<category>`), so a run do
 Classes are not rewards or filters, and nothing from the Python standard library or the builtins is a
 reward, filter or ranker (`subprocess:run`, `os:system`, `builtins:len` fit some signatures, and would
 run a command or score nonsense): write your own function, which may call them.
+
+Where it broke, once it no longer imports or fits (`described`: 'path:line: why'), for the `user-code-error` of a
+run whose user code changed since compile (rlflow/runtime/user_code_check.py, and a reward process mid-run).
 """
 
 from __future__ import annotations
@@ -238,3 +241,86 @@ def misfit(category: str, ref: str, obj) -> str | None:
         if missing:
             return f"{what} without {' and '.join(missing)}(); a ranker is {shape}; {example}"
     return None
+
+
+# ------------------------------------------------------------------------------------------ where it broke
+def _users_file(filename: str) -> bool:
+    """Whether a traceback's file is the user's own (not rlflow's, Python's, an installed package's or frozen)."""
+    if filename.startswith("<"):
+        return False
+    path = Path(filename).resolve()
+    if {"site-packages", "dist-packages"} & set(path.parts):
+        return False
+    rlflow_root = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) that holds rlflow/, stages/
+    if any(path.is_relative_to(rlflow_root / d) for d in ("rlflow", "stages", "operators")):
+        return False
+    roots = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    return not any(path.is_relative_to(r) for r in roots)
+
+
+def innermost(err: BaseException) -> BaseException:
+    """The first error of `err`'s chain: registry's ComponentError and a tool's ToolError are raised from (or while
+    handling) the import's own error."""
+    seen = {id(err)}
+    while (inner := err.__cause__ or err.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        err = inner
+    return err
+
+
+def broke_at(err: BaseException) -> str | None:
+    """'path:line' where user code failed, from what importing or checking it raised (`innermost`): a SyntaxError's
+    file and line, else the deepest frame of the user's own code. None when nothing points there."""
+    err = innermost(err)
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{err.filename}:{err.lineno}" if err.lineno else err.filename
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if _users_file(f.filename)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def located(err: BaseException, why: str) -> str:
+    """`why` (one line about `err`) as 'path:line: why' when `broke_at` finds the place (a SyntaxError's own
+    '(file.py, line N)' then goes: said once)."""
+    where = broke_at(err)
+    if where is None:
+        return why
+    inner = innermost(err)
+    if isinstance(inner, SyntaxError) and inner.filename:
+        why = why.replace(f" ({Path(inner.filename).name}, line {inner.lineno})", "")
+    return f"{where}: {why}"
+
+
+def defined_at(obj) -> str | None:
+    """'path:line' of a function's or class's definition (a signature that does not fit), else its module's file."""
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return getattr(sys.modules.get(getattr(obj, "__module__", "") or ""), "__file__", None)
+
+
+def described(err: Exception, ref: str) -> str:
+    """One line on why user code named by `ref` cannot be used, from the ComponentError (or ToolError) it raised:
+    'path:line: why', the place being where its import broke, else where the object is defined."""
+    why = (str(err).splitlines() or [""])[0].partition("; ")[0]
+    if broke_at(err) is not None:
+        return located(err, why)
+    where = _defined(ref)  # it imports, but does not fit its call (or lacks the attribute)
+    return f"{where}: {why}" if where else why
+
+
+def _defined(ref: str) -> str | None:
+    """Where the object a reference names is defined (it imported, but does not fit its call), else the file of its
+    module (it lacks the attribute), else None. `ref`: module:attr, or an adapter's library:module:attr."""
+    module_name, _, attr = ref.rpartition(":")
+    module = sys.modules.get(module_name.rpartition(":")[2])  # imported by the check that refused it
+    if module is None:
+        return None
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return getattr(module, "__file__", None)
+    return defined_at(obj)

@@ -6,9 +6,11 @@ stream) when it raises ("<fn> raised <Type>: <msg>"), returns something that is 
 the child is killed) or kills its process twice on the same row ("<fn> killed its process (exit code 1) ...": a
 poison row; one death is retried in a new child, so a process lost to something else costs nothing).
 Two rules stop the stage, with ("error", stage, RewardStageFailing), and so the run: TIMEOUTS_IN_A_ROW timeouts in a
-row in one actor (a reward that hangs on every row stops in a few timeouts, not after a window of them), and more
-than MAX_FAILED_FRACTION of the last FAILURE_WINDOW trajectories failed (FailureRate: a reward that fails on most
-calls would otherwise starve the buffer forever).
+row in one actor (a reward that hangs on every row stops in a few timeouts, not after a window of them), and the
+failure rate (FailureRate, counted per answer, i.e. per trajectory scored): every one of the last DEAD_WINDOW answers
+failed (a dead reward stops within its first groups), or more than MAX_FAILED_FRACTION of the last FAILURE_WINDOW
+(a reward that fails on most calls would otherwise starve the buffer forever). A failed answer is never retried: it is
+recorded `failed` in the ledger and its group trains on the members that scored (buffer.py rewarded).
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ REWARD_TIMEOUT_S = 30.0
 # ("reward-hangs"): one hanging row fails only its trajectory, a reward that hangs on every row stops the run
 # after TIMEOUTS_IN_A_ROW x REWARD_TIMEOUT_S.
 TIMEOUTS_IN_A_ROW = 3
-# A reward stage stops the run when more than MAX_FAILED_FRACTION of its last FAILURE_WINDOW trajectories failed
-# (judged once it has scored FAILURE_WINDOW): a reward that fails on every call would otherwise run forever.
-FAILURE_WINDOW = 64
+# A reward stage stops the run when every one of its last DEAD_WINDOW answers failed, or more than MAX_FAILED_FRACTION
+# of its last FAILURE_WINDOW (judged once it has scored that many). A reward failing on 30% of answers never trips
+# either (more than half of 512 is 10 standard deviations away, 64 in a row 0.3^64), while a dead one stops after
+# DEAD_WINDOW answers, its first few groups. The old rule, more than half of the last 64, tripped on 30% failures:
+# P(33+ of 64) = 2.5e-4, but checked after every batch of a run of thousands of answers (issue #45: 1 run in 3).
+DEAD_WINDOW = 64
+FAILURE_WINDOW = 512
 MAX_FAILED_FRACTION = 0.5
 
 
@@ -87,35 +93,60 @@ def excerpt(text: str, n: int = 40) -> str:
 
 
 class RewardStageFailing(PipelineInvalid, RuntimeError):
-    """A reward stage fails on too many trajectories: its reward function is broken (stops the run). A
-    RuntimeError whose str() is one line (what failed; the way out); render() gives the exit-2 form naming
+    """A reward stage fails on too many trajectories, hangs, or its reward no longer loads (stops the run). A
+    RuntimeError whose str() is one line (what failed; the way out [rule]); render() gives the exit-2 form naming
     stages.<stage>.fn."""
 
     def __str__(self) -> str:
         (p,) = self.problems
-        return f"{p.message}; {p.fix}"
+        return f"{p.message}; {p.fix} [{p.rule}]"
 
 
 class FailureRate:
-    """Failed / scored over a reward stage's last `window` trajectories."""
+    """The failed answers of a reward stage, counted per answer (trajectory scored) over its last `window`;
+    `too_high` once the last `dead` all failed or more than `max_fraction` of a full window did."""
 
-    def __init__(self, stage: str, window: int = FAILURE_WINDOW, max_fraction: float = MAX_FAILED_FRACTION):
-        self.stage, self.max_fraction = stage, max_fraction
-        self.recent: collections.deque = collections.deque(maxlen=window)
+    def __init__(self, stage: str, window: int = FAILURE_WINDOW, max_fraction: float = MAX_FAILED_FRACTION,
+                 dead: int = DEAD_WINDOW):
+        self.stage, self.max_fraction, self.dead = stage, max_fraction, min(dead, window)
+        self.recent: collections.deque = collections.deque(maxlen=window)  # (failed, group id) per answer
+        self.in_a_row = 0  # answers failed since the last that scored
         self.last_error = ""
 
-    def add(self, errors: list[str]) -> None:
-        for err in errors:
-            self.recent.append(bool(err))
+    def add(self, errors: list[str], group_ids: list | None = None) -> None:
+        """One batch's answers: their errors ("" when scored) and, to count groups in the message, group ids."""
+        for err, gid in zip(errors, group_ids or [None] * len(errors), strict=True):
+            self.recent.append((bool(err), gid))
+            self.in_a_row = self.in_a_row + 1 if err else 0
             self.last_error = err or self.last_error
 
+    def failed(self) -> int:
+        return sum(f for f, _ in self.recent)
+
     def too_high(self) -> bool:
-        return len(self.recent) == self.recent.maxlen and sum(self.recent) > self.max_fraction * len(self.recent)
+        if self.in_a_row >= self.dead:
+            return True
+        return len(self.recent) == self.recent.maxlen and self.failed() > self.max_fraction * len(self.recent)
+
+    def describe(self) -> str:
+        """'64 of the last 64 answers failed (in 8 of their 8 groups; last: ...)'."""
+        if self.in_a_row >= self.dead:
+            recent = list(self.recent)[-self.dead:]
+            failed, n = self.dead, self.dead
+        else:
+            recent = list(self.recent)
+            failed, n = self.failed(), len(recent)
+        said = f"{failed} of the last {n} answers failed"
+        groups = {g for _, g in recent if g is not None}
+        if groups:
+            bad = {g for f, g in recent if f and g is not None}
+            said += f" (in {len(bad)} of their {len(groups)} groups; last: {self.last_error})"
+        else:
+            said += f" (last: {self.last_error})"
+        return said
 
     def error(self, source: str, fn_ref: str) -> RewardStageFailing:
-        failed, n = sum(self.recent), len(self.recent)
-        message = f"{failed} of the last {n} trajectories failed (last: {self.last_error})"
-        return RewardStageFailing(source, [Problem(("stages", self.stage, "fn"), message, "reward-failing",
+        return RewardStageFailing(source, [Problem(("stages", self.stage, "fn"), self.describe(), "reward-failing",
                                                    f"fix the reward function '{fn_ref}': it must return a finite "
                                                    f"number within {REWARD_TIMEOUT_S:g} s (try it on a few rows)")])
 
@@ -125,3 +156,16 @@ def hang_error(source: str, stage: str, fn_ref: str, message: str, timeout_s: fl
     return RewardStageFailing(source, [Problem(("stages", stage, "fn"), message, "reward-hangs",
                                                f"fix the reward function '{fn_ref}': it must return within "
                                                f"{timeout_s:g} s (try it on that row)")])
+
+
+#: a Score actor's stage_rule when a new reward process cannot import the reward (its module was edited mid-run)
+USER_CODE_ERROR = "user-code-error"
+
+
+def stage_stop(source: str, stage: str, fn_ref: str, rule: str, message: str, timeout_s: float) -> RewardStageFailing:
+    """The error that stops reward stage `stage` for a Score actor's stage_error `message`: `rule` reward-hangs
+    (hang_error) or user-code-error (its reward no longer loads; `message` names the file and line)."""
+    if rule != USER_CODE_ERROR:
+        return hang_error(source, stage, fn_ref, message, timeout_s)
+    return RewardStageFailing(source, [Problem(("stages", stage, "fn"), message, USER_CODE_ERROR,
+                                               f"fix the reward function '{fn_ref}' (it changed since the run started)")])

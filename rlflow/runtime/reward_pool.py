@@ -63,13 +63,15 @@ class Part:
         self.batched = None if self.fn else _batched(spec, batch_size)
         self.timeouts_in_row = 0
         self.hung = ""
+        self.rule = ""  # why it hung: reward-hangs, or user-code-error (a function part that no longer loads)
 
     def score(self, groups: list[dict]) -> list[list[tuple[float, str, bool]]]:
         if self.fn is not None:
             out = []
             for g in groups:
                 r = self.fn.score(g)
-                self.hung = self.hung or r["stage_error"]
+                if r["stage_error"] and not self.hung:
+                    self.hung, self.rule = r["stage_error"], r["stage_rule"]
                 out.append([(v, e, False) for v, e in zip(r["reward"], r["reward_error"], strict=True)])
             return out
         items = [{"traj_id": tid, "prompt": g["prompt"], "completion": str(c), "answer": g["answer"]}
@@ -119,6 +121,10 @@ class ScorerPool:
     def hung(self) -> str:
         return next((p.hung for p in self.parts if p.hung), "")
 
+    @property
+    def rule(self) -> str:
+        return next((p.rule or "reward-hangs" for p in self.parts if p.hung), "")
+
     def close(self) -> None:
         """Shut down what the scorers hold beyond memory (a vLLM judge's engine process)."""
         for p in self.parts:
@@ -140,5 +146,5 @@ class ScorerPool:
                 else:
                     rewards.append(got[0][1][0] if self.single else sum(p.weight * r for p, (r, _, _) in got))
                     errors.append("")
-            out.append({"reward": rewards, "reward_error": errors, "stage_error": self.hung})
+            out.append({"reward": rewards, "reward_error": errors, "stage_error": self.hung, "stage_rule": self.rule})
         return out

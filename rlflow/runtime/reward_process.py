@@ -40,6 +40,15 @@ class RewardDied(Exception):
         self.how = how
 
 
+class RewardUnloadable(RewardDied):
+    """The child could not import the reward (its module no longer imports or fits: edited since the run started);
+    `why` names the file and line. Retrying cannot help: the stage stops (reward_stream.py Score)."""
+
+    def __init__(self, why: str):
+        super().__init__(f"could not load it: {why}")
+        self.why = why
+
+
 class RewardFailed(Exception):
     """The reward raised or returned something that is not a finite number; str() says which, without the name."""
 
@@ -90,7 +99,7 @@ class RewardProcess:
         kind, value = self._receive(time.monotonic() + START_TIMEOUT_S, starting=True)
         if kind != "ready":
             self.close()
-            raise RewardDied(f"could not load it: {value}")
+            raise RewardUnloadable(value)
 
     def _send(self, message) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -180,12 +189,15 @@ def _serve(fn_ref: str) -> None:
     for path in reversed(json.loads(os.environ.get("RLFLOW_REWARD_PATH", "[]"))):
         if path not in sys.path:
             sys.path.insert(0, path)
-    try:
-        from rlflow import registry
+    from rlflow import registry
 
+    try:
         call = reward_caller(registry.resolve("reward", fn_ref))
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the reward
-        send(("error", f"{type(e).__name__}: {first_line(e)}"))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the reward, the file and the line
+        from rlflow.user_code import described, located
+
+        unusable = isinstance(e, registry.ComponentError)
+        send(("error", described(e, fn_ref) if unusable else located(e, f"{type(e).__name__}: {first_line(e)}")))
         return
     send(("ready", None))
     while header := inbox.read(_HEADER.size):

@@ -47,14 +47,15 @@ from rlflow.runtime.ray_data_quiet import quiet_ray_data
 from rlflow.runtime.reward_call import (
     REWARD_TIMEOUT_S,
     TIMEOUTS_IN_A_ROW,
+    USER_CODE_ERROR,
     FailureRate,
     RewardTimeout,
     excerpt,
     filter_verdict,
-    hang_error,
+    stage_stop,
 )
 from rlflow.runtime.reward_pool import ScorerPool, stage_name
-from rlflow.runtime.reward_process import RewardDied, RewardFailed, RewardProcess
+from rlflow.runtime.reward_process import RewardDied, RewardFailed, RewardProcess, RewardUnloadable
 
 PULL_TIMEOUT_S = 2.0  # one store call waits this long for a group; the read task loops until the stage ends
 #: TICK_S after each bundle, if nothing new came, the source yields one tick (a row with no groups). Ray Data 2.60's
@@ -143,7 +144,8 @@ def _each_group(bundles: pa.Table):
 class Score:
     """Ray Data actor: reward per trajectory, each call in this actor's child process (reward_process.py); a
     failing call marks that trajectory failed, not the stream. A group carries `stage_error` ("" or why the stage
-    must stop: TIMEOUTS_IN_A_ROW timeouts in a row), which StreamRunner turns into the stage's error, and `kept`,
+    must stop: TIMEOUTS_IN_A_ROW timeouts in a row, or a new reward process that cannot import the reward) and its
+    `stage_rule` (reward-hangs, user-code-error), which StreamRunner turns into the stage's error, and `kept`,
     the group filter's verdict on its rewards.
 
     The filter runs here, on the group just scored, rather than as a second operator: every hand-off between
@@ -156,7 +158,8 @@ class Score:
         self.filter = registry.resolve("filter", filter_fn) if filter_fn else None
         self.process = RewardProcess(fn_ref, timeout_s)  # a function stage's (spawned at its first call)
         self.timeouts_in_row = 0  # across bundles: a hang on every row stops the stage in a few timeouts
-        self.hung = ""  # why this stage must stop, once TIMEOUTS_IN_A_ROW calls in a row timed out
+        self.hung = ""  # why this stage must stop, once TIMEOUTS_IN_A_ROW calls in a row timed out (or see stop_rule)
+        self.stop_rule = "reward-hangs"  # or USER_CODE_ERROR: a new process could not import the reward
         # a stage with model / judge / http / scorers: loaded once here, in the actor (reward_pool.py)
         self.pool = ScorerPool(scorers, batch_size, lambda ref: Score(ref, timeout_s)) if scorers else None
 
@@ -191,7 +194,7 @@ class Score:
                         for k, outcome in enumerate(self.process.call_many(calls[i:]))]
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"],
                 "reward": [r for r, _ in results], "reward_error": [e for _, e in results], "stage_error": self.hung,
-                **{k: g[k] for k in SPAN if k in g}}
+                "stage_rule": self.stop_rule if self.hung else "", **{k: g[k] for k in SPAN if k in g}}
 
     def score_pool(self, groups: list[dict]) -> list[dict]:
         """A bundle's rewards from the stage's scorers (reward_pool.py): a model or judge sees the bundle at once."""
@@ -207,13 +210,19 @@ class Score:
         return self._judge(self.process.call_many([call])[0], call, where)
 
     def _not_called(self) -> tuple[float, str]:
+        if self.stop_rule == USER_CODE_ERROR:
+            return float("nan"), f"{self.fn_ref} not called: it no longer loads"
         return float("nan"), (f"{self.fn_ref} not called: its last {self.timeouts_in_row} calls timed out "
                               f"after {self.timeout_s:g} s")
 
     def _judge(self, outcome: float | Exception, call: tuple, where: str) -> tuple[float, str]:
         """A call's outcome as (reward, "") or (nan, why); a process that died on it gets the row once more."""
-        if isinstance(outcome, RewardDied):  # once may be the OOM killer or a kill from outside: a new process
-            outcome = self.process.call_many([call])[0]
+        if isinstance(outcome, RewardDied) and not isinstance(outcome, RewardUnloadable):
+            outcome = self.process.call_many([call])[0]  # once may be the OOM killer or a kill from outside
+        if isinstance(outcome, RewardUnloadable):  # its module was edited since the run started: the stage stops
+            self.hung = self.hung or f"{self.fn_ref} no longer loads in a new reward process: {outcome.why}"
+            self.stop_rule = USER_CODE_ERROR
+            return float("nan"), f"{self.fn_ref} {outcome.how}"
         if isinstance(outcome, RewardTimeout):
             self.timeouts_in_row += 1
             if self.timeouts_in_row >= TIMEOUTS_IN_A_ROW:
@@ -279,16 +288,17 @@ class StreamRunner:
         try:  # batch_size=None, prefetch_batches=0: each bundle as soon as it exists (PLATFORM-NOTES 3)
             for bundles in self.dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"):
                 batch = per_trajectory(bundles)
-                hung = next((g["stage_error"] for g in _each_group(bundles) if g.get("stage_error")), "")
-                if hung and not self._closing.is_set():
-                    out.put(("error", self.stage, hang_error(self.source, self.stage, self.reward_fn, hung,
-                                                              self.reward_timeout_s)))
+                stop = next((g for g in _each_group(bundles) if g.get("stage_error")), None)
+                if stop and not self._closing.is_set():
+                    rule = stop.get("stage_rule") or "reward-hangs"
+                    out.put(("error", self.stage, stage_stop(self.source, self.stage, self.reward_fn, rule,
+                                                             stop["stage_error"], self.reward_timeout_s)))
                     return
                 if batch["traj_id"]:
                     hop_trace.mark("streamed", (gid for gid in batch["group_id"]))
                     out.put(("rewarded", self.stage, ScoredBatch.from_columns(batch)))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
-                    self.failures.add(batch["reward_error"])
+                    self.failures.add(batch["reward_error"], batch["group_id"])
                     if self.failures.too_high() and not self._closing.is_set():
                         out.put(("error", self.stage, self.failures.error(self.source, self.reward_fn)))
                         return

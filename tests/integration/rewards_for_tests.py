@@ -112,3 +112,21 @@ def records(completion: str, answer: str, prompt: str, row: dict) -> float:
     with open(row["probe"], "a") as f:
         f.write(json.dumps({"prompt": prompt, "completion": completion, "answer": answer}) + "\n")
     return 0.0
+
+
+_draws = None
+
+
+def nan_on_30_percent(completion: str, answer: str) -> float:
+    """exact_match, but NaN on about 30% of answers, each on its own (issue #45's flaky reward). Deterministic: the
+    k-th call in this process fails when the k-th draw of random.Random(2958) is below 0.3, so the stream of failures
+    is the same in every run (which answers fail is set by their order, not by what was generated). Seed 2958: its
+    answers 172-216 have more than half of their last 64 failed, so the old rule stopped a run in its second step."""
+    import random
+
+    global _draws
+    if _draws is None:
+        _draws = random.Random(2958)
+    if _draws.random() < 0.3:
+        return float("nan")
+    return 1.0 if completion.strip() == answer.strip() else 0.0

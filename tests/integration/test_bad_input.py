@@ -110,12 +110,12 @@ def test_malformed_jsonl_line_is_invalid_input(ray_cluster, workdir):
 
 # ------------------------------------------------------------------------------------------ rewards
 def test_reward_returning_text_stops_the_run_with_a_clear_message(ray_cluster, workdir, monkeypatch):
-    """Every trajectory fails (a str is not a reward): the reward stream stops the run after its window
-    (64 trajectories) instead of running forever with 0 steps."""
+    """Every trajectory fails (a str is not a reward): the reward stream stops the run once its last 64 answers all
+    failed instead of running forever with 0 steps."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     run, err = failed_run(plan_for("quickstart", "stages.score.fn=rewards_for_tests:always_text"), RuntimeError)
-    assert ("reward stage 'score' failed: 64 of the last 64 trajectories failed "
-            "(last: rewards_for_tests:always_text returned ") in str(err)
+    assert "reward stage 'score' failed: 64 of the last 64 answers failed (in " in str(err)
+    assert " groups; last: rewards_for_tests:always_text returned " in str(err)
     assert "(str), not a number); fix the reward function 'rewards_for_tests:always_text'" in str(err)
     assert run.history == [] and run.counts["reward_failed"] >= 64
 
