@@ -150,7 +150,7 @@ class VLLMWorkerExtension:
         import ray
 
         from rlflow.runtime.weight_link import LINK_TIMEOUT
-        from rlflow.stages.weight_buckets import from_bytes
+        from rlflow.stages.weight_buckets import stored_bucket
 
         timeout = LINK_TIMEOUT.total_seconds()
         refs = ray.get(ray.cloudpickle.loads(server).lent.remote(key), timeout=timeout)
@@ -158,7 +158,7 @@ class VLLMWorkerExtension:
             t0 = time.perf_counter()
             stored = ray.get(ref, timeout=timeout)
             self._rlflow_update["recv_s"] += time.perf_counter() - t0
-            self._rlflow_load({slot.name: from_bytes(slot, data) for slot, data in zip(layout.slots, stored)})
+            self._rlflow_load(stored_bucket(layout, stored))
             del stored
         return sum(lay.nbytes for lay in layouts)
 

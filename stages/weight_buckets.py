@@ -102,6 +102,12 @@ def from_bytes(slot: Slot, data) -> torch.Tensor:
     return as_tensor(data).view(getattr(torch, slot.dtype)).view(slot.shape)
 
 
+def stored_bucket(layout: BucketLayout, stored) -> dict[str, torch.Tensor]:
+    """A bucket as the object store holds it (one `as_bytes` array per tensor, in layout order) as name -> tensor
+    views (no copy; valid while `stored` is)."""
+    return {slot.name: from_bytes(slot, data) for slot, data in zip(layout.slots, stored, strict=True)}
+
+
 def as_tensor(value) -> torch.Tensor:
     """A bucket's value as a torch tensor: a tensor as it is, a numpy array (also a read-only zero-copy view from the
     object store, which readers only read) without a copy unless it is not C-contiguous."""

@@ -122,20 +122,31 @@ def reference(model_dir: str, run_dir: Path) -> dict:
     return run.finish({})
 
 
-def fault(model_dir: str, run_dir: Path, point: str) -> dict:
-    """Killed at `point` in the save of step CRASH_STEP (child), then resumed and trained to STEPS (this process)."""
+def crash_in_child(model_dir: str, run_dir: Path, fault_at: str, expected: type | None = None) -> int | None:
+    """A fresh run trained to CRASH_STEP in a forked child with RLFLOW_FAULT_AT=`fault_at`; the child's exit status:
+    the fault point's exit, or 0 when it trained through (no `expected`) or raised `expected` (its message written to
+    run_dir/raised.txt), else 1."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            os.environ[ENV] = f"{point}@{CRASH_STEP}"
+            os.environ[ENV] = fault_at
             MiniRun(model_dir, run_dir, fresh=True).train_to(CRASH_STEP)
-            code = 0  # the fault point never fired
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
+            code = int(expected is not None)  # the fault point never fired
+        except BaseException as err:  # noqa: BLE001
+            if expected is not None and isinstance(err, expected):
+                (run_dir / "raised.txt").write_text(str(err))
+                code = 0
+            else:
+                traceback.print_exc()
         finally:
             os._exit(code)
-    crashed = wait(pid)
+    return wait(pid)
+
+
+def fault(model_dir: str, run_dir: Path, point: str) -> dict:
+    """Killed at `point` in the save of step CRASH_STEP (child), then resumed and trained to STEPS (this process)."""
+    crashed = crash_in_child(model_dir, run_dir, f"{point}@{CRASH_STEP}")
     partial = run_dir / checkpoint.CHECKPOINT_DIR / f"step-{CRASH_STEP}"
     before = tag_digest(partial) if partial.is_dir() else None
     run = MiniRun(model_dir, run_dir, fresh=False)
@@ -152,21 +163,8 @@ def disk_full(model_dir: str, run_dir: Path, point: str) -> dict:
     trains on to STEPS (this process)."""
     from rlflow.runtime.disk_space import DiskFull
 
-    said = run_dir / "disk_full.txt"
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.environ[ENV] = f"enospc:{point}@{CRASH_STEP}"
-            MiniRun(model_dir, run_dir, fresh=True).train_to(CRASH_STEP)
-        except DiskFull as err:
-            said.write_text(str(err))
-            code = 0
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    status = wait(pid)
+    status = crash_in_child(model_dir, run_dir, f"enospc:{point}@{CRASH_STEP}", DiskFull)
+    said = run_dir / "raised.txt"
     ckpt = run_dir / checkpoint.CHECKPOINT_DIR
     left = sorted(p.name for p in ckpt.iterdir() if p.is_dir()) + sorted(p.name for p in run_dir.glob("*.tmp"))
     published = json.loads((run_dir / checkpoint.STATE_FILE).read_text())["checkpoint"]["tag"]

@@ -295,9 +295,7 @@ def prune(out_dir: Path, keep: int | None, log: Callable[[str], None] = print) -
 def inventory(out_dir: Path) -> dict:
     """What the run's checkpoints cost: the tags of its history, oldest first, and the bytes of everything in
     checkpoint/ (abandoned and unfinished tags included)."""
-    ckpt = Path(out_dir) / CHECKPOINT_DIR
-    size = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) if ckpt.is_dir() else 0
-    return {"kept": lineage(out_dir), "bytes": size}
+    return {"kept": lineage(out_dir), "bytes": disk_space.tree_bytes(Path(out_dir) / CHECKPOINT_DIR)}
 
 
 # ---------------------------------------------------------------------------------------------- load

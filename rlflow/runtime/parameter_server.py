@@ -33,7 +33,7 @@ import torch
 from rlflow.runtime.weight_link import LINK_TIMEOUT, accept, open_link
 from rlflow.stages.checksum import Checksum
 from rlflow.stages.engine import WeightsLoaded
-from rlflow.stages.weight_buckets import BucketLayout, as_bytes, from_bytes, pack, unpack
+from rlflow.stages.weight_buckets import BucketLayout, as_bytes, pack, stored_bucket, unpack
 
 TRANSPORTS = ("object_store", "collective")
 #: versions the relay keeps (the newest and the one before: a pull sent just before a publish still finds its own)
@@ -209,8 +209,8 @@ def publish(params, version: int, layouts: Iterable[BucketLayout], buckets: Iter
             refs.append(ray.put([as_bytes(t.cpu()) for t in tensors]))
             stored = ray.get(refs[-1])  # zero-copy read-only views into the object store
             t2 = time.perf_counter()
-            for slot, data in zip(layout.slots, stored):
-                total.add(slot.name, from_bytes(slot, data))
+            for name, t in stored_bucket(layout, stored).items():
+                total.add(name, t)
             del stored
             move_s, checksum_s = move_s + (t2 - t1), checksum_s + (time.perf_counter() - t2)
         else:  # bucket k is packed and checksummed while bucket k-1 is still on the wire
@@ -247,7 +247,7 @@ def fetch_buckets(published: Published) -> Iterator[dict[str, torch.Tensor]]:
         return
     for layout, ref in zip(published.layouts, published.ref):
         stored = ray.get(ref)
-        yield {slot.name: from_bytes(slot, data) for slot, data in zip(layout.slots, stored)}
+        yield stored_bucket(layout, stored)
         del stored
 
 

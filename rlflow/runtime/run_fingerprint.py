@@ -122,25 +122,19 @@ def _model(spec: dict) -> tuple[dict, dict]:
 
 
 def _refs(plan: Plan) -> dict[str, str]:
-    """Each user import string the plan names (`module:attr`), with what names it: 'reward' or 'code'."""
+    """Each user import string the plan names (`module:attr`; user_code_check.references finds them), with what
+    names it: 'reward' (a reward or filter) or 'code'."""
     from rlflow import registry
+    from rlflow.runtime.user_code_check import references
 
     out: dict[str, str] = {}
-    stages = plan.pipeline["stages"]
-    for s in stages.values():
-        what = "reward" if s.get("kind") == "reward" else "code"
-        refs = [s.get("fn"), s.get("engine"), s.get("eval_fn"), s.get("env")]
-        refs += [t if isinstance(t, str) else (t or {}).get("fn") for t in s.get("tools") or []]
-        refs += [(p or {}).get("fn") for p in s.get("scorers") or []]
-        out |= {r: what for r in refs if isinstance(r, str)}
-    for e in plan.pipeline["edges"]:
-        policy = e.get("policy") or {}
-        out |= {r: what for r, what in ((policy.get("filter"), "reward"), (policy.get("ranker"), "code"))
-                if isinstance(r, str)}
-    data = plan.pipeline["data"]
-    for src in [data.get("source")] + [(t or {}).get("source") for t in (data.get("tasks") or {}).values()]:
-        if isinstance(src, str):
-            out[registry.adapter_target("task", src) or src] = "code"
+    for _, category, ref in references(plan.pipeline):
+        ref = ref.get("fn") if isinstance(ref, dict) else ref  # a tool's schema dict: its fn is the code
+        if not isinstance(ref, str):
+            continue
+        if category == "task":
+            ref = registry.adapter_target("task", ref) or ref
+        out[ref] = "reward" if category in ("reward", "filter") or out.get(ref) == "reward" else "code"
     return {r: w for r, w in out.items() if ":" in r and not r.startswith("builtin:") and "://" not in r}
 
 

@@ -254,7 +254,7 @@ def test_a_loan_of_a_versions_references_passes_them_in_band_until_ended_or_behi
     import torch
 
     from rlflow.runtime.parameter_server import RELAY_KEEPS, ParameterServer, publish
-    from rlflow.stages.weight_buckets import from_bytes, state_buckets
+    from rlflow.stages.weight_buckets import state_buckets, stored_bucket
 
     server = ParameterServer.remote()
     state = {"w": torch.arange(8.0), "b": torch.ones(3)}
@@ -263,7 +263,7 @@ def test_a_loan_of_a_versions_references_passes_them_in_band_until_ended_or_behi
     first = ray.get(server.latest.remote())
     ray.get([server.lend.remote("ended", first), server.lend.remote("forgotten", first)])
     refs = ray.get(server.lent.remote("ended"))
-    read = {s.name: from_bytes(s, d) for lay, ref in zip(layouts, refs) for s, d in zip(lay.slots, ray.get(ref))}
+    read = {n: t for lay, ref in zip(layouts, refs) for n, t in stored_bucket(lay, ray.get(ref)).items()}
     assert set(read) == set(state) and all(torch.equal(read[n], state[n]) for n in state)
     ray.get(server.end_loan.remote("ended"))
     with pytest.raises(ray.exceptions.RayTaskError, match="no weights are lent under 'ended'"):
