@@ -309,8 +309,9 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
     import subprocess
     import sys
 
-    # 4 steps: the kill comes after step 2 or 3, so at least one step trains after the resume
-    small = SMALL + ["stages.train.steps=4", "stages.train.checkpoint_every=1"]
+    # 6 steps, the kill after step 2 or 3: a step of this tiny model can take well under a second on a loaded
+    # machine, and a kill landing after the last step (CI saw it with 4) would leave nothing to resume
+    small = SMALL + ["stages.train.steps=6", "stages.train.checkpoint_every=1"]
     reference = run_plan(compile_pipeline(REPO / "pipelines" / "synchronous.yaml", small))
     expected = trained_per_step(reference.out_dir)
 
@@ -333,16 +334,19 @@ def test_driver_killed_with_sigkill_resumes_losing_nothing(ray_cluster, workdir)
             if step is not None and step >= kill_after:
                 proc.kill()  # SIGKILL: no handler runs, nothing is flushed beyond what was committed
                 break
-        time.sleep(0.2)
+        time.sleep(0.05)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
+    with contextlib.closing(sqlite3.connect(out / "ledger.sqlite")) as db:
+        last = db.execute("select max(step) from groups where state='trained'").fetchone()[0]
+    assert last is not None and last < 6, f"the kill came after step {last} of 6: nothing left to resume"
     open_groups, _ = ledger_open_groups(out)
     restorable = ledger_restorable(out)
     done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args, "1", address, *small], check=False, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(restorable)} buffered group(s) restored from the ledger" in done.stdout, done.stdout[-3000:]
-    assert_ledger(out, steps=4, batch=2, eta=0)
+    assert_ledger(out, steps=6, batch=2, eta=0)
     assert trained_per_step(out) == expected  # same prompts, same steps, crash or not
     db = sqlite3.connect(out / "ledger.sqlite")
     gids = sorted(set(open_groups) | restorable)
