@@ -139,7 +139,20 @@ def _devices(plan: dict) -> list[str]:
         unit = "" if name == "evaluator" and actor else " per rank" if actor is None else " per instance"
         where = "cpu" if p["device"] == "cpu" else f"cuda, {p['gpus']:g} GPU{unit}"
         rows.append([name, where, "declared" if p["declared"] else "auto", _vllm_settings(actor) + _sleep(actor)])
-    return lines + _table(rows, indent="    ")
+    return lines + _table(rows, indent="    ") + _threads(plan)
+
+
+def _threads(plan: dict) -> list[str]:
+    """CPU threads of each rollout instance and trainer rank, and why (rlflow/devices.py thread_plan)."""
+    stages: dict[tuple[str, str], list[str]] = {}  # (threads, why) -> the stages with them
+    for a in plan["actors"]:
+        if a["role"] in ("rollout", "trainer") and "threads" in a:
+            n, share = a["threads"], a.get("threads_share", 1)
+            what = f"the node's cores{f' / {share}' if share > 1 else ''}" if n == "cores" else str(n)
+            names = stages.setdefault((what, a["threads_reason"]), [])
+            names += [a["stage"]] if a["stage"] not in names else []
+    parts = [f"{', '.join(names)}: {what} ({why})" for (what, why), names in stages.items()]
+    return [f"  cpu threads per actor: {'; '.join(parts)}"] if parts else []
 
 
 def _sleep(actor: dict | None) -> str:

@@ -271,6 +271,26 @@ def _synchronous(spec: Pipeline) -> bool:
     return any(e.policy.kind == "barrier" for e in spec.edges if e.policy.kind in CONSUME_POLICIES)
 
 
+def thread_plan(spec: Pipeline, stage: str) -> tuple[int | str, int, str]:
+    """(threads, share, why) for a rollout or train stage of a resolved pipeline: the CPU threads of each of its
+    actors (rlflow/runtime/actor_threads.py). Declared `threads` as is. In a synchronous run, "cores": the node's
+    cores over `share`, the actors of the phase (rollout instances, at most, of every rollout stage; trainer ranks),
+    since generation and training take turns — as a GPU shared in turns sleeps the engine (sleep_plan), so on CPU
+    each phase takes every core in its turn. Otherwise the stage's num_cpus: its actors run beside the others, and
+    more threads than cores makes every process's steps jump (PLATFORM-NOTES)."""
+    s = spec.stages[stage]
+    if s.threads is not None:
+        return s.threads, 1, "declared"
+    if _synchronous(spec):
+        if s.kind == "train":
+            share = s.replicas
+        else:
+            share = sum(r.elastic.max_replicas if r.elastic else r.replicas
+                        for r in spec.stages.values() if r.kind == "rollout")
+        return "cores", share, "synchronous: generation and training take turns, each with the node's cores"
+    return max(1, int(s.num_cpus)), 1, f"num_cpus {s.num_cpus:g}: beside the other stages"
+
+
 def sleep_plan(spec: Pipeline, stage: str) -> tuple[int, str]:
     """(level, why) for a rollout stage of a resolved pipeline: whether its engine sleeps during each train step. On
     when declared (sleep_during_train: true), or by default when its instances share a GPU with the trainer and the

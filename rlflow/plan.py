@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 from rlflow import reward_scorers
-from rlflow.devices import sleep_plan, vllm_settings
+from rlflow.devices import sleep_plan, thread_plan, vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
 from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
@@ -126,6 +126,12 @@ def _sleep(spec: Pipeline, stage: str) -> dict:
     return {"sleep_level": level, "sleep_reason": why}
 
 
+def _threads(spec: Pipeline, stage: str) -> dict:
+    """The CPU threads of each of the stage's actors, and why (rlflow/devices.py thread_plan)."""
+    threads, share, why = thread_plan(spec, stage)
+    return {"threads": threads, "threads_share": share, "threads_reason": why}
+
+
 def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict]:
     actors = []
     rollouts = stages_of(spec, "rollout")
@@ -143,7 +149,8 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
             actors.append({"name": f"{name}-{r}", "role": "rollout", "stage": name, "index": r, "engine": s.engine,
                            "num_cpus": s.num_cpus, "num_gpus": s.num_gpus, "tasks": _tasks_of(tasks, "rollout", name),
                            "engine_kwargs": dict(engine_kwargs), "group_size": s.group_size, "group_redundancy": s.group_redundancy,
-                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s), **_sleep(spec, name)})
+                           "resources": dict(s.resources), **_episode(spec, name, tasks), **_elastic(s), **_sleep(spec, name),
+                           **_threads(spec, name)})
     for name in stages_of(spec, "train"):
         s = spec.stages[name]
         ds = resolve_path(s.deepspeed, base_dir)
@@ -164,7 +171,7 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                        "steps": s.steps, "checkpoint_every": s.checkpoint_every, "keep_checkpoints": s.keep_checkpoints,
                        "resources": dict(s.resources),
                        "stall_factor": s.stall_factor, "no_progress_groups": s.no_progress_groups, "on_nonfinite": s.on_nonfinite,
-                       "save_every": s.save_every, "weights": weight_transport(spec)})
+                       "save_every": s.save_every, "weights": weight_transport(spec), **_threads(spec, name)})
         if spec.data.eval is not None:
             actors.append(_evaluator(spec, tasks, base_dir, every=10 if s.eval_every is None else s.eval_every))
     # control-plane servers: light, so they take a sliver of a CPU

@@ -56,6 +56,9 @@ class RolloutActor(_Part):
     elastic: dict[str, Any] | None = None  # elastic stages only (rlflow/runtime/scaling.py)
     sleep_level: int = 0  # sleep during each train step at this level (0: never; rlflow/devices.py sleep_plan)
     sleep_reason: str = ""  # why it sleeps or not, as the plan summary prints it
+    threads: int | str = 1  # CPU threads of its engine: a number or "cores" (rlflow/devices.py thread_plan)
+    threads_share: int = 1  # "cores": the node's cores divided among this many instances
+    threads_reason: str = ""  # why, as the plan summary prints it
 
 
 class TrainerActor(_Part):
@@ -78,6 +81,9 @@ class TrainerActor(_Part):
     on_nonfinite: str | None = None
     save_every: int = 0
     weights: dict[str, Any] | None = None  # how versions leave the trainer (plan.weight_transport)
+    threads: int | str = 1  # CPU threads of each rank: a number or "cores" (rlflow/devices.py thread_plan)
+    threads_share: int = 1  # "cores": the node's cores divided among this many ranks
+    threads_reason: str = ""  # why, as the plan summary prints it
 
 
 class EvaluatorActor(_Part):

@@ -284,6 +284,10 @@ class RolloutStage(Strict):
     Hermes, SmolLM2) or `json` (the turn is one function-call JSON object, Llama 3.1-style)."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
+    threads: PositiveInt | None = None
+    """CPU threads of each instance's engine (torch; vLLM's CPU worker). Unset: in a synchronous run the node's cores
+    shared among the rollout instances (generation and training take turns, so each has the machine in its turn),
+    otherwise num_cpus (the stages run side by side on shared cores). rlflow/devices.py thread_plan."""
     num_gpus: NonNegFloat | None = None
     """GPUs per instance (more than one: vLLM's tensor parallelism over them). Unset: decided from the cluster's GPUs
     (rlflow/devices.py: one each when there are enough, shared otherwise, CPU without GPUs); 0: CPU."""
@@ -539,7 +543,9 @@ class TrainStage(Strict):
     micro_batch_tokens: PositiveInt | None = None
     """With packing: at most this many prompt + completion tokens per micro-batch (a longer trajectory runs alone),
     the memory bound of a forward/backward pass; every rank runs as many micro-batches as the rank that needs the
-    most. Unset: as many micro-batches as the DeepSpeed config's train_micro_batch_size_per_gpu rows make."""
+    most. Unset: as many micro-batches as the DeepSpeed config's train_micro_batch_size_per_gpu rows make, and more
+    when a row would grow so long that attention over it (dense under sdpa's block-diagonal mask) adds over 10% to
+    the step (stages/packing.py row_token_bound: 512 tokens for SmolLM2-135M; no bound under flash-attention)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them: activation memory of about
     one layer instead of all of them, for about a third more compute per step."""
@@ -575,6 +581,9 @@ class TrainStage(Strict):
     """Data-parallel trainer ranks: one DeepSpeed process group (gloo on CPU, NCCL on GPU), the batch split by tokens, ZeRO shards across them."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per trainer rank."""
+    threads: PositiveInt | None = None
+    """CPU threads of each rank (torch). Unset: in a synchronous run the node's cores shared among the ranks
+    (training and generation take turns), otherwise num_cpus. rlflow/devices.py thread_plan."""
     num_gpus: NonNegFloat | None = None
     """GPUs per trainer rank (1 each for NCCL with several ranks). Unset: decided from the cluster's GPUs
     (rlflow/devices.py); 0: CPU."""

@@ -70,12 +70,14 @@ def parts_for_tokens(costs: list[int], max_tokens: int) -> int:
 
 def shard_batch(
     trajectories: list[Trajectory], world_size: int, micro_batch_size: int, max_tokens: int | None = None, *,
+    rows_too: bool = False,
     advantages: Callable[[torch.Tensor, list], torch.Tensor] = grpo.batch_advantages, overlong: dict | None = None,
 ) -> list[BatchShard]:
     """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts.
 
     Micro-batches of at most micro_batch_size rows, or (packed micro-batches) of at most max_tokens prompt +
-    completion tokens when it is given: then the rank that needs the most parts sets the count for all.
+    completion tokens when it is given (and of at most micro_batch_size rows too with `rows_too`): then the rank
+    that needs the most parts sets the count for all.
     advantages: the sequence-level estimator (stages/advantages.py; GRPO's by default); overlong: the keyword
     arguments of reward_shaping.overlong_penalty, added to the rewards before the advantages (None: no shaping)."""
     if not trajectories:
@@ -90,10 +92,12 @@ def shard_batch(
     num_sequences = float(sum(1 for t in trajectories if t.completion_ids))
     costs = [cost(t) for t in trajectories]
     parts = balance(costs, world_size)
+    by_rows = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))
     if max_tokens is None:
-        micro = max(1, max(math.ceil(len(p) / micro_batch_size) for p in parts))
+        micro = by_rows
     else:
         micro = max(parts_for_tokens([costs[i] for i in p], max_tokens) for p in parts if p)
+        micro = max(micro, by_rows) if rows_too else micro
     return [BatchShard(trajectories=[trajectories[i] for i in p], advantages=[float(adv[i]) for i in p],
                        num_tokens=num_tokens, num_sequences=num_sequences, micro_batches=micro,
                        world_size=world_size, pad=trajectories[0], reward_mean=float(rewards.mean()))

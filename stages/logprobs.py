@@ -38,22 +38,37 @@ def _chunk(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
 
 
 def chunked_logprobs(
-    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunks: int, entropy: bool | str = False
+    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunks: int, entropy: bool | str = False,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """[B, T, H] hidden states and [B, T] targets -> ([B, T] log-probs at `temperature`, [B, T] entropy or None),
     equal to grpo.token_logprobs / entropy_from_logits of head(hidden).float() / temperature.
 
-    The B * T positions go through the head in exactly `chunks` runs of near-equal size (empty ones when there are
-    fewer positions than chunks)."""
+    `positions` ([B, T] bool, optional): the only positions whose values are wanted (the trained completion tokens);
+    the head runs on them alone and every other position reads 0. A prompt is most of a row in short-answer tasks
+    (a chat template and a question before a 5-token answer), and the head is the largest matrix of a small model
+    with a large vocabulary (SmolLM2-135M: 49,152 x 576, a fifth of its parameters), run twice under checkpoint.
+    The selected positions go through the head in exactly `chunks` runs of near-equal size (empty ones when there
+    are fewer positions than chunks: under ZeRO-3 each run gathers the head, and every rank runs as many)."""
     flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    index = None
+    if positions is not None:
+        index = positions.reshape(-1).nonzero().squeeze(1)
+        flat, goal = flat.index_select(0, index), goal.index_select(0, index)
     keep = torch.is_grad_enabled()
     bounds = [k * flat.shape[0] // chunks for k in range(chunks + 1)]
     parts = []
     for lo, hi in zip(bounds, bounds[1:]):
         args = (head, flat[lo:hi], goal[lo:hi], temperature, entropy)
         parts.append(checkpoint(_chunk, *args, use_reentrant=False) if keep else _chunk(*args))
-    logprobs = torch.cat([lp for lp, _ in parts]).view_as(targets)
-    return logprobs, torch.cat([e for _, e in parts]).view_as(targets) if entropy else None
+
+    def spread(values: Tensor) -> Tensor:  # back to [B, T], 0 off `positions`
+        if index is not None:
+            values = values.new_zeros(targets.numel()).index_copy(0, index, values)
+        return values.view_as(targets)
+
+    logprobs = spread(torch.cat([lp for lp, _ in parts]))
+    return logprobs, spread(torch.cat([e for _, e in parts])) if entropy else None
 
 
 def supports(model: nn.Module) -> bool:
@@ -82,14 +97,18 @@ class TokenLogprobs:
         model.register_forward_hook(self._replace_output, prepend=True)
 
     def chunks_for(self, positions: int) -> int:
-        """Chunks of at most chunk_tokens positions for a forward of `positions` (B * (L-1)) positions."""
+        """Chunks of at most chunk_tokens positions for a forward of `positions` positions (B * (L-1), or the
+        selected ones)."""
         return max(1, math.ceil(positions / self.chunk_tokens))
 
     @contextlib.contextmanager
-    def request(self, targets: Tensor, temperature: float, entropy: bool | str, chunks: int | None = None):
+    def request(self, targets: Tensor, temperature: float, entropy: bool | str, chunks: int | None = None,
+                positions: Tensor | None = None):
         """targets: [B, L-1] = input_ids[:, 1:] of the forward run inside the block; chunks: the lm_head runs for
-        this forward (None: chunks_for its own positions; under ZeRO-3 give every rank the same count)."""
-        self._request = (targets, temperature, entropy, chunks or self.chunks_for(targets.numel()))
+        this forward (None: chunks_for its own positions; under ZeRO-3 give every rank the same count); positions:
+        [B, L-1] bool, the only positions computed (chunked_logprobs), None: all."""
+        wanted = targets.numel() if positions is None else int(positions.sum())
+        self._request = (targets, temperature, entropy, chunks or self.chunks_for(wanted), positions)
         try:
             yield
         finally:
@@ -102,6 +121,6 @@ class TokenLogprobs:
     def _replace_output(self, module, args, output):
         if self._request is None:
             return None
-        targets, temperature, entropy, chunks = self._request
+        targets, temperature, entropy, chunks, positions = self._request
         hidden, self._hidden = self._hidden[:, :-1], None
-        return chunked_logprobs(self.head, hidden, targets, temperature, chunks, entropy)
+        return chunked_logprobs(self.head, hidden, targets, temperature, chunks, entropy, positions)

@@ -102,6 +102,31 @@ def split_by_rows(lengths: Sequence[int], count: int) -> list[list[int]]:
     return [order[k * len(order) // real : (k + 1) * len(order) // real] for k in range(real)] + [[]] * (count - real)
 
 
+#: the share of a packed row's compute its attention may add before the row is cut (see row_token_bound)
+ATTENTION_SHARE = 0.1
+#: a packed row is never cut below this many tokens: below it a pass's fixed cost outweighs attention's
+MIN_ROW_TOKENS = 512
+
+
+def row_token_bound(config, attention: str | None) -> int | None:
+    """Tokens of a packed row past which its attention costs more than ATTENTION_SHARE of its dense layers (None: no
+    bound, flash-attention's varlen kernels attend within each sequence).
+
+    sdpa and eager attend over the whole row under a block-diagonal mask: a row of T tokens costs 4·d·T multiply-adds
+    of attention per token and layer, forward (12·d·T with backward), where the layer's projections and MLP cost
+    6·p per token (p: its parameters) whatever T is. One row of a whole batch makes attention quadratic in the
+    batch: SmolLM2-135M (d 576, p 3.5M), 32 chat-form sums packed in one row of ~1,900 tokens, trained in 9.6 s a
+    step here against 7.5 s padded and 8.0 s in rows of 300-600 tokens (2 threads, benchmarks/results/vs_trl_smollm2.md).
+    T <= share·p / (2·d): 307 for SmolLM2-135M, raised to MIN_ROW_TOKENS."""
+    if attention and attention.startswith("flash_attention"):
+        return None
+    d, heads = config.hidden_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    ffn = getattr(config, "intermediate_size", None) or 4 * d
+    per_layer = 2 * d * d + 2 * d * (d * kv // heads) + 3 * d * ffn  # q, o; k, v; gate, up, down (per layer, as attention)
+    return max(MIN_ROW_TOKENS, int(ATTENTION_SHARE * per_layer / (2 * d)))
+
+
 def split_by_tokens(costs: Sequence[int], count: int) -> list[list[int]]:
     """Row indices in `count` parts of near-equal tokens for packed micro-batches (empty parts when rows run out)."""
     return balance(list(costs), count)

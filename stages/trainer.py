@@ -27,6 +27,7 @@ from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.deepspeed_setup import checkpoint_layers_in_eval, engine_config, init_distributed, load_model
 from rlflow.stages.logprobs import TokenLogprobs, supports
 from rlflow.stages.lr_schedule import lr_factor
+from rlflow.stages.packing import row_token_bound
 from rlflow.stages.step_checks import check_batch, loss_agg_mode_of, nonfinite_verdict, optimizer_held
 from rlflow.stages.trajectory import Trajectory
 from rlflow.stages.weight_buckets import BUCKET_BYTES, module_buckets, module_layouts
@@ -116,6 +117,8 @@ class DeepSpeedTrainer:
         self.packing = packing
         #: tokens per packed micro-batch, for shard_batch's max_tokens (None: micro-batches counted in rows)
         self.micro_batch_tokens = micro_batch_tokens if packing else None
+        #: packed micro-batches also bounded in rows (the DeepSpeed config's): micro_batch_tokens was not declared
+        self._rows_too = False
 
         torch.manual_seed(seed)
         if torch.cuda.is_available():  # TF32 tensor cores for fp32 matmuls and convolutions (fp32 accumulation)
@@ -139,6 +142,9 @@ class DeepSpeedTrainer:
                              "use configs/deepspeed/zero1.json")
         model = load_model(model_dir, cfg if zero3 else None)
         model.config.use_cache = False
+        if packing and micro_batch_tokens is None:  # packed rows short enough that attention stays cheap
+            self.micro_batch_tokens = row_token_bound(model.config, getattr(model.config, "_attn_implementation", None))
+            self._rows_too = self.micro_batch_tokens is not None
         if pad_token_id is None:
             pad_token_id = getattr(model.config, "pad_token_id", None) or 0  # padding is masked: any id works
         self.pad_token_id = int(pad_token_id)
@@ -203,13 +209,16 @@ class DeepSpeedTrainer:
         return batches
 
     def _forward(self, model, head: TokenLogprobs | None, input_ids, *, attention_mask=None, position_ids=None,
-                 entropy: bool | str = False, chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 entropy: bool | str = False, chunks: int | None = None,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B, L-1] log-probs of input_ids[:, 1:] at the sampler's temperature, their entropy or None): the lm_head
         in `chunks` runs when `head` is attached to `model`, else from the full logits. entropy "grad": with its
-        gradient (the entropy bonus), else a metric."""
+        gradient (the entropy bonus), else a metric. mask: the micro-batch's trained positions; with `head`, the
+        lm_head runs on them alone and the other positions read 0 (every loss and metric is masked by it)."""
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if head is not None:
-            with head.request(input_ids[:, 1:], self.temperature, entropy, chunks):
+            positions = None if mask is None else mask > 0
+            with head.request(input_ids[:, 1:], self.temperature, entropy, chunks, positions):
                 return model(**inputs, **TokenLogprobs.FORWARD_KWARGS)
         logits = model(**inputs, use_cache=False).logits[:, :-1].float() / self.temperature
         logprobs = grpo.token_logprobs(logits, input_ids[:, 1:])
@@ -219,11 +228,11 @@ class DeepSpeedTrainer:
             return logprobs, grpo.entropy_from_logits(logits)
 
     def _chunks(self, batches: list[packing.MicroBatch]) -> int | None:
-        """lm_head runs per forward this step: enough for the longest micro-batch of any rank, the same on every
-        rank (ZeRO-3 gathers the lm_head weight for each run, a collective)."""
+        """lm_head runs per forward this step: enough for the most trained positions of any rank's micro-batch, the
+        same on every rank (ZeRO-3 gathers the lm_head weight for each run, a collective)."""
         if self._logprobs is None:
             return None
-        longest = torch.tensor([max(mb.targets.numel() for mb in batches)], device=self.engine.device)
+        longest = torch.tensor([max(int((mb.mask > 0).sum()) for mb in batches)], device=self.engine.device)
         torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
         return self._logprobs.chunks_for(int(longest.item()))
 
@@ -274,7 +283,7 @@ class DeepSpeedTrainer:
     def shards(self, trajectories: list[Trajectory], world_size: int) -> list[BatchShard]:
         """The batch cut for `world_size` ranks, with this algorithm's sequence-level advantages and reward shaping."""
         return shard_batch(trajectories, world_size, self.micro_batch_size, self.micro_batch_tokens,
-                           advantages=advantages.ESTIMATORS[self.algo], overlong=self.overlong)
+                           rows_too=self._rows_too, advantages=advantages.ESTIMATORS[self.algo], overlong=self.overlong)
 
     def _token_advantages(self, batches: list[packing.MicroBatch], world_size: int) -> None:
         """Token-level estimators (REINFORCE++): each micro-batch's rewards become per-token returns, the KL to the
@@ -307,7 +316,8 @@ class DeepSpeedTrainer:
             with torch.no_grad():
                 for mb in batches:
                     mb.ref_logprobs, _ = self._forward(self.ref_model, self._ref_logprobs, mb.input_ids, chunks=chunks,
-                                                       attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+                                                       attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                                                       mask=mb.mask)
         if self.algo in advantages.TOKEN_LEVEL:
             self._token_advantages(batches, shard.world_size)
         if self.critic is not None:  # GAE on the critic's values, the KL to the reference in the per-token reward
@@ -323,7 +333,8 @@ class DeepSpeedTrainer:
             self.engine.set_gradient_accumulation_boundary(k == len(batches) - 1)
             logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, chunks=chunks,
                                               entropy="grad" if self.entropy_coef > 0 else True,
-                                              attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+                                              attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                                              mask=mb.mask)
             # pi_old, the proximal policy, is the weights at the start of this step, and one batch is one optimizer
             # step: the weights of this forward. Its log-probs, detached, are pi_old's, so no separate no-grad
             # forward per micro-batch is run for them (a quarter of the step's forward and backward compute)

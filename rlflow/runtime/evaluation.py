@@ -285,9 +285,9 @@ class Evaluator:
     def __init__(self, engine: str, model_dir, engine_kwargs: dict, tasks: dict[str, EvalTask], k: int,
                  episode: dict | None = None):
         from rlflow import registry
+        from rlflow.runtime.actor_threads import one_thread
         from rlflow.runtime.episodes import episodes_for
         from rlflow.runtime.model_shipping import local_model_dir
-        from rlflow.runtime.rollout_worker import one_thread
 
         one_thread()
         model_dir = local_model_dir(model_dir)

@@ -112,7 +112,8 @@ class RolloutFleet:
 
     def _spawn(self, a: RolloutActor):
         opts = dict(num_cpus=a.num_cpus, num_gpus=a.num_gpus, resources=a.resources)
-        return RolloutWorker.options(**opts).remote(a.engine, self.model, a.index, a.engine_kwargs, self.store, a.episode)
+        return RolloutWorker.options(**opts).remote(a.engine, self.model, a.index, a.engine_kwargs, self.store, a.episode,
+                                                    threads=(a.threads, a.threads_share))
 
     def ready_refs(self) -> list:
         return [i.handle.ready.remote() for i in self.instances]

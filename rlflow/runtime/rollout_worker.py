@@ -8,7 +8,7 @@ has work or commands, so an idle instance costs nothing and its idle time is not
 
 from __future__ import annotations
 
-import os
+import inspect
 import time
 from dataclasses import replace
 
@@ -16,25 +16,12 @@ import ray
 
 from rlflow import registry
 from rlflow.runtime import hop_trace
+from rlflow.runtime.actor_threads import use_threads
 from rlflow.runtime.messages import FinishedMeta, StepReport
 from rlflow.runtime.model_shipping import local_model_dir
 from rlflow.runtime.parameter_server import pull_into
 from rlflow.stages.engine import EngineDied
 from rlflow.stages.trajectory import Trajectory
-
-
-def one_thread() -> None:
-    """One CPU thread, and only the GPUs Ray reserved for this actor (none: CUDA hidden, so engines and
-    DeepSpeed that pick the GPU when there is one honour num_gpus: 0)."""
-    if not ray.get_gpu_ids():
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's choice anyway, without its warning
-    # PLATFORM-NOTES: two threads per process on shared cores make step times jump 20x.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-
 
 #: longest a step call waits for an environment when the engine has nothing to generate (no busy loop)
 ENV_WAIT_S = 0.5
@@ -44,12 +31,17 @@ ENV_WAIT_S = 0.5
 class RolloutWorker:
     """One rollout instance of one rollout stage."""
 
-    def __init__(self, engine: str, model_dir, instance_id: int, engine_kwargs: dict, store, episode: dict | None = None):
-        """episode: for a stage with an environment, {"env", "env_kwargs", "max_turns"} (plan.py): multi-turn."""
-        one_thread()
+    def __init__(self, engine: str, model_dir, instance_id: int, engine_kwargs: dict, store, episode: dict | None = None,
+                 threads: tuple[int | str, int] = (1, 1)):
+        """episode: for a stage with an environment, {"env", "env_kwargs", "max_turns"} (plan.py): multi-turn.
+        threads: (threads, share) as the plan gives them (runtime/actor_threads.py), the engine's CPU threads."""
+        self.threads = use_threads(*threads)
         model_dir = local_model_dir(model_dir)  # a ShippedModel (model_shipping.py) becomes a directory on this node
         self.instance_id = instance_id
-        self.engine = registry.resolve("engine", engine)(model_dir, instance_id=instance_id, **engine_kwargs)
+        cls = registry.resolve("engine", engine)
+        if "cpu_threads" in inspect.signature(cls.__init__).parameters:  # vLLM: its CPU worker's OpenMP threads
+            engine_kwargs = {**engine_kwargs, "cpu_threads": self.threads}
+        self.engine = cls(model_dir, instance_id=instance_id, **engine_kwargs)
         self.store = store
         from rlflow.runtime.episodes import episodes_for
 

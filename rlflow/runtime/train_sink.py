@@ -71,7 +71,7 @@ class TrainSink:
         self.actor, self.placement = launch_trainer(
             ship_model(model_dir), deepspeed_config, spec.trainer_kwargs, store, params, world_size=spec.replicas,
             options={"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "resources": spec.resources},
-            source=plan.source, stage=spec.stage, weights=spec.weights)
+            source=plan.source, stage=spec.stage, weights=spec.weights, threads=(spec.threads, spec.threads_share))
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 

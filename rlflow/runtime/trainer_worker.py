@@ -15,9 +15,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.runtime import hop_trace
+from rlflow.runtime.actor_threads import use_threads
 from rlflow.runtime.messages import StepResult, TrainStep
 from rlflow.runtime.model_shipping import local_model_dir
-from rlflow.runtime.rollout_worker import one_thread
 
 #: how long the trainer's ranks may wait for the cluster to place them (a placement group the cluster
 #: cannot hold stays pending forever: fail with what was asked for instead)
@@ -39,10 +39,11 @@ class TrainerWorker:
 
     def __init__(self, model_dir: str, deepspeed_config: str | dict, trainer_kwargs: dict, store, params, *,
                  rank: int = 0, world_size: int = 1, placement=None, master: tuple[str, int] | None = None,
-                 rank_options: dict | None = None, weights: dict | None = None):
+                 rank_options: dict | None = None, weights: dict | None = None, threads: tuple[int | str, int] = (1, 1)):
         """weights: how versions leave rank 0, {"transport": "object_store" | "collective", "bucket_bytes": int}
-        (the plan's weight_sync.transport)."""
-        one_thread()
+        (the plan's weight_sync.transport). threads: (threads, share) as the plan gives them
+        (runtime/actor_threads.py), each rank's torch threads."""
+        self.threads = use_threads(*threads)
         from rlflow.stages.deepspeed_setup import free_port
         from rlflow.stages.trainer import DeepSpeedTrainer
         from rlflow.stages.weight_buckets import BUCKET_BYTES
@@ -57,7 +58,8 @@ class TrainerWorker:
             master = (ray.util.get_node_ip_address(), free_port("0.0.0.0"))
             self.peers = [
                 TrainerWorker.options(**rank_options, scheduling_strategy=PlacementGroupSchedulingStrategy(placement, r))
-                .remote(model_dir, deepspeed_config, trainer_kwargs, None, None, rank=r, world_size=world_size, master=master)
+                .remote(model_dir, deepspeed_config, trainer_kwargs, None, None, rank=r, world_size=world_size, master=master,
+                        threads=threads)
                 for r in range(1, world_size)]
         if world_size > 1:
             # LOCAL_RANK 0: Ray gives each rank its own GPU as device 0 (CUDA_VISIBLE_DEVICES); on CPU it is unused
@@ -151,12 +153,13 @@ class TrainerWorker:
 
 
 def launch_trainer(model_dir, deepspeed_config: dict, trainer_kwargs: dict, store, params, *, world_size: int,
-                   options: dict, source: str, stage: str, weights: dict | None = None):
+                   options: dict, source: str, stage: str, weights: dict | None = None,
+                   threads: tuple[int | str, int] = (1, 1)):
     """Rank 0 of a `world_size`-rank trainer (it starts the others) and their placement group."""
     placement = _place(world_size, options, source, stage)
     leader = TrainerWorker.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(placement, 0)).remote(
         model_dir, deepspeed_config, trainer_kwargs, store, params, world_size=world_size, placement=placement,
-        rank_options=options, weights=weights)
+        rank_options=options, weights=weights, threads=threads)
     return leader, placement
 
 

@@ -142,3 +142,24 @@ def test_auto_transport_is_the_object_store_with_the_reason_per_engine(tmp_path,
     assert "weights to rollout: object_store (auto: vLLM's workers read each bucket from the store themselves, in memory)" in printed
     plan, printed = compiled(tmp_path, capsys, "--gpus", "0", *VLLM, "--set", "edges.4.policy.transport=collective")
     assert actor(plan, "trainer")["weights"]["transport"] == "collective" and "weights to rollout: collective," in printed
+
+
+def test_cpu_threads_are_the_nodes_cores_in_turns_when_synchronous_else_each_stages_cpus(tmp_path, capsys):
+    """A synchronous run alternates generation and training: each actor of a phase takes the node's cores, shared
+    among the phase's actors; an asynchronous one runs them side by side, each on its num_cpus; declared wins."""
+    sync = ["--set", "stages.rollout.replicas=2"]
+
+    def synchronous(*args):
+        out = tmp_path / "sync.json"
+        assert main(["compile", str(QUICKSTART.with_name("synchronous.yaml")), "-o", str(out), "--gpus", "0", *args]) == 0
+        return json.loads(out.read_text()), capsys.readouterr().out
+
+    plan, printed = synchronous(*sync)
+    assert (actor(plan, "rollout")["threads"], actor(plan, "rollout")["threads_share"]) == ("cores", 2)
+    assert (actor(plan, "trainer")["threads"], actor(plan, "trainer")["threads_share"]) == ("cores", 1)
+    assert "cpu threads per actor: rollout: the node's cores / 2 (synchronous:" in printed
+    assert "train: the node's cores (synchronous:" in printed
+    plan, printed = compiled(tmp_path, capsys, "--gpus", "0", "--set", "stages.train.num_cpus=2")
+    assert (actor(plan, "rollout")["threads"], actor(plan, "trainer")["threads"]) == (1, 2)
+    plan, printed = synchronous(*sync, "--set", "stages.train.threads=3")
+    assert actor(plan, "trainer")["threads"] == 3 and "train: 3 (declared)" in printed

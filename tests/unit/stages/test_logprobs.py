@@ -36,6 +36,34 @@ def test_chunks_give_the_full_logits_log_probs_entropy_and_gradients(chunks):
     assert not results[1][1].requires_grad  # the entropy is a metric: no graph kept for it
 
 
+@pytest.mark.parametrize("chunks", [1, 3, 12])  # 9 selected positions: 12 runs leave some empty
+def test_selected_positions_equal_the_full_logits_there_and_read_zero_elsewhere(chunks):
+    """The trainer asks for its trained positions only: there the values and the gradients they send back equal
+    the full logits' (a loss weighted on them alone), elsewhere 0, and the head never sees the other positions."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, 50)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 7))
+    positions = torch.zeros(3, 7, dtype=torch.bool)
+    positions[0, 4:] = positions[2, 1:7] = True  # 3 + 6 positions; row 1 has none (a padding row)
+    weights = torch.randn(3, 7) * positions
+    seen = []
+    head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    results = []
+    for fn in (full, lambda *a: chunked_logprobs(*a, chunks=chunks, entropy=True, positions=positions)):
+        head.zero_grad()
+        hidden.grad = None
+        logprobs, entropy = fn(head, hidden, targets, 0.7)
+        (logprobs * weights).sum().backward()
+        results.append((logprobs.detach() * positions, entropy * positions, hidden.grad.clone(), head.weight.grad.clone()))
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    seen.clear()
+    logprobs, entropy = chunked_logprobs(head, hidden, targets, 0.7, chunks, True, positions)
+    assert (logprobs[~positions] == 0).all() and (entropy[~positions] == 0).all()
+    assert len(seen) == chunks and sum(seen) == 9  # the head ran `chunks` times, on the 9 selected rows alone
+
+
 def test_the_hooked_forward_returns_the_models_own_log_probs(tiny_llama_dir):
     model = load_hf(tiny_llama_dir)
     tokens = TokenLogprobs(model, chunk_tokens=4)

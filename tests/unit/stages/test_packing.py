@@ -183,3 +183,23 @@ def test_the_train_stage_settings_reach_the_trainer_as_its_keyword_arguments():
         kwargs = trainer["trainer_kwargs"]
         assert (kwargs["packing"], kwargs["micro_batch_tokens"], kwargs["gradient_checkpointing"]) == expected
     assert set(kwargs) <= set(inspect.signature(DeepSpeedTrainer).parameters)
+
+
+def test_a_packed_row_is_cut_where_its_attention_would_add_a_tenth_and_never_under_flash_attention():
+    """sdpa attends over a whole packed row: the bound keeps attention within 10% of the dense layers (never below
+    MIN_ROW_TOKENS), none under flash-attention's varlen kernels; shard_batch then cuts by tokens and by rows."""
+    from types import SimpleNamespace
+
+    smollm2 = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    llama7b = SimpleNamespace(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008)
+    assert packing.row_token_bound(smollm2, "sdpa") == packing.MIN_ROW_TOKENS  # 307 by the rule
+    assert packing.row_token_bound(llama7b, "sdpa") == int(0.1 * (4 * 4096**2 + 3 * 4096 * 11008) / (2 * 4096))
+    assert packing.row_token_bound(llama7b, "flash_attention_2") is None
+    from rlflow.stages.trajectory import Trajectory
+
+    rows = [Trajectory(group_id=f"g{i // 4}", index=i % 4, prompt="", answer="", prompt_ids=[1] * 10,
+                       completion_ids=[2] * 40, behaviour_logprobs=[-1.0] * 40, reward=float(i % 2))
+            for i in range(16)]  # 16 rows of 50 tokens: 800 tokens
+    assert shard_batch(rows, 1, 16, 300)[0].micro_batches == 3  # by tokens alone
+    assert shard_batch(rows, 1, 4, 300, rows_too=True)[0].micro_batches == 4  # the rows' bound is the larger
+    assert shard_batch(rows, 1, 16, 300, rows_too=True)[0].micro_batches == 3

@@ -77,13 +77,21 @@ def test_every_pass_of_a_step_runs_the_lm_head_as_often(tiny_llama_dir):
     # chunks are [positions, hidden]; the forward's own logits of its last position are [B, 1, hidden]
     tr.engine.module.get_output_embeddings().register_forward_pre_hook(
         lambda m, args: passes[-1].__setitem__(0, passes[-1][0] + (args[0].dim() == 2)))
-    lengths = []
+    lengths, made = [], []
     tr.engine.module.get_input_embeddings().register_forward_hook(lambda m, args, out: lengths.append(args[0].shape[1]))
+    cut = tr._micro_batches
+
+    def keep(shard):  # the step's micro-batches, as the trainer cut them
+        made.extend(cut(shard))
+        return made
+    tr._micro_batches = keep
     try:
         tr.train_step(batch, GROUP)
     finally:
         tr.close()
-    assert len(set(lengths)) > 1  # micro-batches of different lengths...
-    chunks = -(-(max(lengths) - 1) // 5)  # ...each through the lm_head in as many chunks as the longest needs:
+    trained = [int(mb.mask.sum()) for mb in made]
+    assert len(set(lengths)) > 1 and len(set(trained)) > 1  # micro-batches of different lengths...
+    # ...each through the lm_head (on its trained positions) in as many chunks as the one with the most needs:
+    chunks = -(-max(trained) // 5)
     # the training passes only (pi_old's log-probs are theirs, detached); backward recomputes each chunk
     assert [n for (n,) in passes] == [2 * chunks] * len(passes) and len(passes) == len(lengths) > 1
