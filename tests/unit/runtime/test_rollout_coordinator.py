@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from rlflow.operators.routing import CostModel
 from rlflow.plan_read import PlanCoordination
 from rlflow.runtime.rollout_coordinator import RolloutCoordinator
+from rlflow.stages.engine import EngineSnapshot
 from rlflow.stages.trajectory import Trajectory
 
 
@@ -155,3 +156,45 @@ def test_a_poke_makes_a_cycle_due_for_an_instance_left_idle_but_not_for_busy_one
     assert not c.due(0.0, [busy])  # an instance with work is not interrupted by a poke
     c.cycle([inst], 0, None, Policy().verify, lambda reserve: reserve, lambda row: None)
     assert not c.poked and not c.due(0.0, [inst])  # a cycle answers the poke
+
+
+def engine_snapshot(run: list, wait: list = ()) -> EngineSnapshot:
+    """An engine's report with these trajectories running and waiting."""
+    return EngineSnapshot(instance=0, version=0, kv_cache=0, run_trajs=list(run), wait_trajs=list(wait),
+                          complete_trajs=0, max_running=2)
+
+
+class Refuses(Policy):
+    """A staleness policy that admits nothing (a barrier waiting for the trainer)."""
+
+    def verify(self, version: int) -> bool:
+        return False
+
+
+def test_an_instance_filled_to_max_running_is_refilled_as_soon_as_it_has_room():
+    inst = FakeInstance(0)
+    c = coordinator([inst], max_running=2)
+    routed_groups(c, [inst], ["g0", "g1"])  # room for one group of two: the other waits in the TS
+    c.next_cycle = 1e9  # the periodic cycle is far off
+    assert len(inst.running) == 2 and len(c.queue.views()) == 2 and c.room_wait
+    assert not c.due(0.0, [inst])  # full: nothing to do
+    done = next(iter(inst.running))
+    inst.routes = []  # delivered; the engine runs both, then one finishes
+    inst.snapshot = engine_snapshot(run=[t for t in inst.running if t != done])
+    inst.running.pop(done)
+    assert c.due(0.0, [inst])  # one slot free and work waiting: refill now, not when the instance has drained
+    inst.snapshot = engine_snapshot(run=list(inst.running), wait=["x"])
+    assert not c.due(0.0, [inst])  # its engine still has one waiting: routing would not give it more
+
+
+def test_a_cycle_that_had_room_and_routed_nothing_ends_the_wait_for_room():
+    inst = FakeInstance(0)
+    c = coordinator([inst], max_running=2)
+    c.queue.add_group("g0", group("g0"))
+    c.room_wait = True
+    c.next_cycle = 1e9
+    policy = Refuses()
+    assert c.cycle([inst], 0, None, policy.verify, policy.reserve, policy.launch) is not None
+    assert not inst.running and not c.room_wait  # the TS's work is held back by the policy, not by room
+    c.idle_after_cycle = {0}
+    assert not c.due(0.0, [inst])  # so an idle instance waits for a poke or the period, as before
