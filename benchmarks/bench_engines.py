@@ -98,16 +98,15 @@ def one_round(engine, prompts: list[list[int]], tag: str) -> tuple[int, float]:
     return sum(len(t.completion_ids) for t in trajs), seconds
 
 
-def in_run_yaml(model_dir: str, engine: str, max_running: int, max_new_tokens: int, prompts: int, steps: int,
-                threads: int | None) -> str:
-    """The pipeline of one in-run measurement (see the module docstring): one standalone round per step."""
-    thread = f", threads: {threads}" if threads else ""
+def in_run_yaml(model_dir: str, engine: str, max_running: int, max_new_tokens: int, prompts: int, steps: int) -> str:
+    """The pipeline of one in-run measurement (see the module docstring): one standalone round per step, the
+    engine on one thread as alone (a barrier would otherwise give it the node's cores)."""
     return f"""# written by benchmarks/bench_engines.py --in-run
 name: engine-in-run
 model: {{path: "{model_dir}", max_model_len: 128}}
 data: {{source: train.jsonl}}
 stages:
-  rollout: {{kind: rollout, engine: {engine}, replicas: 1, group_size: 1, max_new_tokens: {max_new_tokens}, max_running: {max_running}, temperature: 1.0{thread}}}
+  rollout: {{kind: rollout, engine: {engine}, replicas: 1, group_size: 1, max_new_tokens: {max_new_tokens}, max_running: {max_running}, temperature: 1.0, threads: 1}}
   score:   {{kind: reward, fn: exact_match}}
   buffer:  {{kind: buffer, batch_groups: {prompts}}}
   train:   {{kind: train, deepspeed: configs/deepspeed/zero1.json, steps: {steps}, lr: 1.0e-6, eval_every: 0, checkpoint_every: 0}}
@@ -121,13 +120,6 @@ tracking: {{mlflow: {{experiment: engine-in-run}}}}
 """
 
 
-def rollout_threads_setting() -> bool:
-    """Whether this rlflow's rollout stage takes `threads` (without it, an instance always runs one thread)."""
-    from rlflow.schema import RolloutStage
-
-    return "threads" in RolloutStage.model_fields
-
-
 def in_run(model_dir: str, engine: str, max_running: int, max_new_tokens: int, rows: list[dict], steps: int,
            scratch: Path, timeout_s: float) -> dict | None:
     """`rlflow compile && rlflow run` of in_run_yaml in its own directory; the run's summary (None if it failed)."""
@@ -136,8 +128,7 @@ def in_run(model_dir: str, engine: str, max_running: int, max_new_tokens: int, r
     os.symlink(ROOT / "configs", work / "configs")
     (work / "train.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n"
                                               for r in rows))
-    threads = 1 if rollout_threads_setting() else None
-    (work / "p.yaml").write_text(in_run_yaml(model_dir, engine, max_running, max_new_tokens, len(rows), steps, threads))
+    (work / "p.yaml").write_text(in_run_yaml(model_dir, engine, max_running, max_new_tokens, len(rows), steps))
     log = work / "run.log"
     cli = [sys.executable, "-m", "rlflow.cli"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -84,9 +84,8 @@ def build_model(preset: dict) -> str:
     return str(build_tiny_llama(preset["task"]))
 
 
-def write_data(scratch: Path, task: str) -> tuple[Path, Path, dict[str, str]]:
-    """train.jsonl (the rows both sides train on), heldout.jsonl (the first EVAL_N held-out rows), and every
-    training prompt's answer."""
+def write_data(scratch: Path, task: str) -> tuple[Path, Path]:
+    """train.jsonl (the rows both sides train on) and heldout.jsonl (the first EVAL_N held-out rows)."""
     from rlflow.prompt_rows import BUILTIN_TASK_ROWS, held_out
     from rlflow.stages import tasks
 
@@ -95,7 +94,7 @@ def write_data(scratch: Path, task: str) -> tuple[Path, Path, dict[str, str]]:
     held = [r for r in rows if held_out(r["prompt"], HOLDOUT)][:EVAL_N]
     for name, part in (("train.jsonl", train), ("heldout.jsonl", held)):
         (scratch / name).write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in part))
-    return scratch / "train.jsonl", scratch / "heldout.jsonl", {r["prompt"]: r["answer"] for r in train}
+    return scratch / "train.jsonl", scratch / "heldout.jsonl"
 
 
 def trl_rows(run_dir: Path | None, train_file: Path, preset: dict, model: str) -> Path:
@@ -361,7 +360,7 @@ def main() -> None:
     results, before, plan = [], None, None
     scratch = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     try:
-        train_file, heldout, _ = write_data(scratch, preset["task"])
+        train_file, heldout = write_data(scratch, preset["task"])
         for side in order:
             print(f"running {side} ...", flush=True)
             if side == "trl":
