@@ -31,12 +31,16 @@ class CostProfile:
     max_running: int  # engine cap on running trajectories (vLLM max_num_seqs)
     prefill_s_per_token: float  # prefill / re-prefill cost; stalls the instance's decoding
     pull_s: float  # weight pull; stalls the instance's decoding
+    # s per decode iteration an instance spends outside its engine while it holds work: the driver steps each engine
+    # (a round trip per `engine.step`), where StaleFlow's engines decode continuously. 0 unless measured in a run
+    # (`rlflow profile PIPELINE`); the simulator adds it to every decode step and counts it as not busy
+    hop_s: float = 0.0
     engine: str | None = None  # engine measured (registry name, e.g. "hf"); None: not recorded
     model: str | None = None  # model path the engine loaded (e.g. "builtin:tiny-llama"); None: not recorded
 
     def step_latency(self, kv_units: float, running: int) -> float:
-        """Eq. 11: k1 * kv_cache + max(k2, k3 * n) + k4."""
-        return self.k1 * kv_units + max(self.k2, self.k3 * running) + self.k4
+        """Eq. 11: k1 * kv_cache + max(k2, k3 * n) + k4, plus the hop a stepped engine pays per decode step."""
+        return self.k1 * kv_units + max(self.k2, self.k3 * running) + self.k4 + self.hop_s
 
     @property
     def kv_tokens(self) -> float:

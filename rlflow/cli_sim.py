@@ -135,14 +135,23 @@ def tune(pipeline: PipelineFile, bare: Bare = None,
     return EXIT_OK
 
 
-def profile(model: Annotated[str, typer.Option(help="builtin:tiny-llama or a local HF directory")] = "builtin:tiny-llama",
+def profile(pipeline: Annotated[str | None, typer.Argument(
+                metavar="[PIPELINE]", show_default=False,
+                help="measure everything the simulator needs in a short run of this pipeline (engine in the run, "
+                     "trainer, control costs, group filter, lengths); without it, time the engine alone")] = None,
+            steps: Annotated[int, typer.Option(help="training steps of the calibration run (with PIPELINE)")] = 16,
+            sets: Sets = None,
+            model: Annotated[str, typer.Option(help="builtin:tiny-llama or a local HF directory")] = "builtin:tiny-llama",
             task: Annotated[str, typer.Option(help="built-in task the tiny model is warm-started on")] = "repeat",
             engine: Annotated[str, typer.Option(help="engine name")] = "hf",
             prompt: Annotated[str, typer.Option(help="prompt to generate from (long answers give clean steps)")] = "abc*16=",
             batch_sizes: Annotated[str, typer.Option(help="comma-separated running-set sizes")] = "1,2,4,8,16,32",
             output: Annotated[str, typer.Option("-o", "--output", help="profile JSON to write")]
             = "configs/profiles/tiny-llama-hf.json") -> int:
-    """fit the cost model (k1..k5) to an engine's measured decode steps"""
+    """measure a profile for the simulator: a pipeline's calibration run, or an engine's decode steps alone"""
+    if pipeline is not None:
+        return profile_pipeline(pipeline, steps=steps, overrides=sets or [],
+                                output=None if output == "configs/profiles/tiny-llama-hf.json" else output)
     from rlflow import registry
     from rlflow.profile import fit_profile, machine, measure_engine, measure_pull, write_profile
 
@@ -171,3 +180,51 @@ def profile(model: Annotated[str, typer.Option(help="builtin:tiny-llama or a loc
     print("  ".join(f"{k}={v:.3g}" for k, v in fit.items()) + f"  pull_s={pull_s:.3g}")
     print(f"wrote {path}")
     return EXIT_OK
+
+
+def profile_pipeline(pipeline: str, *, steps: int, overrides: list[str], output: str | None) -> int:
+    """`rlflow profile PIPELINE`: a calibration run of the pipeline (no checkpoints, no export), then the fit."""
+    from rlflow import api
+    from rlflow.errors import Problem
+    from rlflow.profile_run import ProfileRunError, describe, fit_run, profile_doc, write
+    from rlflow.runtime.sim_inputs import FILE
+
+    calibration = [f"stages.{name}.steps={steps}" for name in _train_stages(pipeline)]
+    calibration += [f"stages.{name}.checkpoint_every=0" for name in _train_stages(pipeline)]
+    plan = api.as_plan(pipeline, [*overrides, *calibration])
+    rollouts = plan.rollout_stages()
+    if len(rollouts) != 1:
+        raise PipelineInvalid(plan.source, [Problem(("stages",), f"rlflow profile measures one rollout stage; this plan "
+                                                    f"has {len(rollouts)} ({', '.join(rollouts)})", "profile-one-stage",
+                                                    "profile a pipeline with one of them, e.g. --set to drop the others")])
+    output = output or f"profiles/{plan.name}.json"
+    print(f"profile: a calibration run of '{plan.name}', {steps} steps; then the fit, written to {output}", flush=True)
+    result = api.run(plan)
+    if result.run_dir is None or not (result.run_dir / FILE).exists():
+        raise PipelineInvalid(plan.source, [Problem(("profile",), "the calibration run left no measurements "
+                                                    f"({FILE}); it stopped early?", "profile-run-incomplete",
+                                                    "run it again to its last step")])
+    inputs = json.loads((result.run_dir / FILE).read_text())
+    try:
+        fit = fit_run(inputs, result.summary)
+    except ProfileRunError as e:
+        raise PipelineInvalid(plan.source, [Problem(("profile",), str(e), "profile-too-short",
+                                                    "rlflow profile PIPELINE --steps N with a larger N")]) from None
+    rollout = plan.pipeline["stages"][rollouts[0]]
+    command = f"rlflow profile {pipeline} --steps {steps}" + "".join(f" --set {o}" for o in overrides) + f" -o {output}"
+    path = write(profile_doc(fit, plan=plan, command=command, engine=rollout["engine"],
+                             model=str(plan.model.get("path") or plan.model.get("name") or ""),
+                             max_running=rollout["max_running"]), output)
+    for line in describe(fit):
+        print(line)
+    print(f"wrote {path}; name it in the rollout stage (coordinator: {{profile: {path}}}) and rlflow run, simulate "
+          "and tune predict this pipeline from it")
+    return EXIT_OK
+
+
+def _train_stages(pipeline: str) -> list[str]:
+    """The train stages' names (their steps and checkpoints are the calibration run's)."""
+    from rlflow import api
+
+    plan = api.as_plan(pipeline, [])
+    return [n for n, st in plan.pipeline["stages"].items() if st.get("kind") == "train"]

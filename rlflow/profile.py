@@ -49,13 +49,18 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0) -> dict:
-    """k1..k5 (all >= 0) by least squares with a searched crossover; raises ValueError on too few distinct points."""
+def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0, weights: list[float] | None = None,
+                relative: bool = True) -> dict:
+    """k1..k5 (all >= 0) by least squares with a searched crossover; raises ValueError on too few distinct points.
+    weights: each sample's weight; default equal. relative: residuals relative to each sample's latency (else in
+    seconds: the fit then gets the total time of the samples right, which a noisy in-run profile needs)."""
     if len({s.running for s in samples}) < 3 or len(samples) < 6:
         raise ValueError("need at least 6 samples over 3 or more batch sizes to fit k1..k4")
     kv = np.array([s.kv_cache for s in samples], dtype=float)
     n = np.array([s.running for s in samples], dtype=float)
     y = np.array([s.latency_s for s in samples], dtype=float)
+    root_w = np.sqrt(np.asarray(weights, dtype=float) if weights is not None else np.ones_like(y))
+    scale = y if relative else np.ones_like(y)
     best = None
     # the crossover n* = k2 / k3 need not be a measured batch size: search a fine grid over the range
     grid = np.geomspace(max(n.min(), 1.0), n.max(), 400)
@@ -63,8 +68,8 @@ def fit_profile(samples: list[Sample], *, kv_per_token: float = 1.0) -> dict:
         x = np.column_stack([kv, np.maximum(n, cross), np.ones_like(kv)])
         # relative least squares: timing noise is proportional to the step time, and small batches
         # (the latency floor) matter as much to routing as large ones
-        coef = _nonnegative_lstsq(x / y[:, None], np.ones_like(y))
-        err = float(np.sum((x @ coef / y - 1) ** 2))
+        coef = _nonnegative_lstsq(x * (root_w / scale)[:, None], root_w * y / scale)
+        err = float(np.sum((root_w * (x @ coef - y) / scale) ** 2))
         if best is None or err < best[0]:
             best = (err, *(float(c) for c in coef), cross)
     err, k1, k3, k4, cross = best

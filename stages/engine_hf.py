@@ -111,6 +111,7 @@ class HFEngine(RolloutEngine):
         if threads:
             torch.set_num_threads(threads)  # PLATFORM-NOTES: one thread per process on shared CPU cores
         self.chunk_size = chunk_size
+        self.decode_steps = self.decoded_tokens = 0  # cumulative, in the snapshot (the in-run cost model's samples)
         # auto: the GPU when this process has one (a Ray actor sees only the GPUs its num_gpus reserved)
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -235,6 +236,8 @@ class HFEngine(RolloutEngine):
 
     def _decode_step(self) -> list[Trajectory]:
         """One token for every row in the batch; finished rows leave the batch."""
+        self.decode_steps += 1
+        self.decoded_tokens += len(self._batch)
         inputs = torch.tensor([[r.pending] for r in self._batch], device=self.device)
         positions = torch.tensor([[r.length - 1] for r in self._batch], device=self.device)
         self._mask = torch.cat([self._mask, self._mask.new_ones((len(self._batch), 1))], dim=1)
@@ -393,7 +396,8 @@ class HFEngine(RolloutEngine):
         running = self._batch + self._unfilled
         return EngineSnapshot(instance=self.instance_id, version=self._version, kv_cache=sum(r.length for r in running),
                               run_trajs=[r.traj.traj_id for r in running], wait_trajs=list(self._waiting),
-                              complete_trajs=self._complete, max_running=self.max_running)
+                              complete_trajs=self._complete, max_running=self.max_running,
+                              decode_steps=self.decode_steps, decoded_tokens=self.decoded_tokens)
 
     # -- helpers -------------------------------------------------------------------------------
 

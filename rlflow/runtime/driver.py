@@ -27,7 +27,7 @@ import ray
 
 from rlflow.errors import RunFailed
 from rlflow.plan_model import Plan
-from rlflow.runtime import checkpoint, disk_space, hop_trace, run_setup
+from rlflow.runtime import checkpoint, disk_space, hop_trace, prediction, run_setup
 from rlflow.runtime.disk_space import DiskFull
 from rlflow.runtime.hooks import RunHooks
 from rlflow.runtime.messages import ScoredBatch, StepResult
@@ -103,6 +103,9 @@ class Run:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict]:
+        # the simulator's forecast of this plan, before anything starts (it costs the run no contention)
+        self.forecast, forecast_line = prediction.forecast(self.plan)
+        self.prediction: dict | None = None  # the forecast beside the measured figures, at the end (summary)
         try:
             self._start()
         except BaseException:
@@ -118,6 +121,7 @@ class Run:
             self.log(self.elastic.describe())
         self.log(f"run '{self.plan.name}': {self.metrics.steps} steps of {self.control['batch_size']} groups; "
                  f"tasks {', '.join(self.plan.tasks)}; MLflow run {self.tracker.run_id} at {self.tracker.uri}")
+        self.log(forecast_line)
         status = "FAILED"
         self.last_step_t = time.monotonic()
         self.metrics.start(sum(f.instance_s() for f in self.fleets))
@@ -238,11 +242,14 @@ class Run:
         """Scored trajectories of whole groups (one row per trajectory) from a reward stream."""
         self.clock.mark("first_scored")
         hop_trace.mark("received", (r.group_id for r in batch.rows))
+        for gid in dict.fromkeys(str(r.group_id) for r in batch.rows):
+            self.measured.group_scored(gid)
         for task, scored in self.buffer.rewarded_batch(batch):
             self.metrics.rewarded(task, scored)
 
     def _consume(self) -> None:
         batch = self.buffer.consume()
+        self.measured.consumed()
         hop_trace.mark("consumed", iter(batch.groups))
         rewards = batch.rewards
         staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
@@ -315,6 +322,7 @@ class Run:
         self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
             self._checkpoint()
+        self.measured.step_done(trained.metrics)
         self.hooks.call("on_step", self, row)
 
     def _on_eval(self, step: int, result: dict | None) -> None:
@@ -397,6 +405,13 @@ class Run:
                 for step, result in self.evals.wait(EVAL_WAIT_S).items():
                     self._on_eval(step, result)
                 self.ledger.check(self.step, self.control["batch_size"])
+                self.measured.write(self.out_dir, self.buffer.counts.get("filtered_groups", 0))
+                if self.forecast is not None:
+                    self.prediction, lines = prediction.report(self.forecast, self.metrics.history)
+                    for line in lines:
+                        self.log(line)
+                    if self.prediction is not None:
+                        self.tracker.log_metrics(prediction.mlflow_metrics(self.prediction), self.step)
                 pred = self.plan.prediction
                 self.tracker.log_figures(self.metrics.history, self.metrics.staleness_all,
                                          [p for f in self.fleets for p in f.timeline], self.control["eta"],
@@ -453,7 +468,7 @@ class Run:
             "startup_s": dict(self.clock.marks), **self.clock.steady(),
             # Ray Data's executor runs in the reward streams' host actors, not the driver (reward_stream.py)
             "reward_stream_cpu_share": sum(filter(None, (s.cpu_share() for s in getattr(self, "streams", [])))) or None,
-            "engine_tokens_per_s": self._decode_rate(),
+            "engine_tokens_per_s": self._decode_rate(), "prediction": getattr(self, "prediction", None),
             "checkpoints": checkpoint.inventory(self.out_dir) | {"pruned": len(self.pruned)}}
 
     def _decode_rate(self) -> float | None:

@@ -77,6 +77,7 @@ class RolloutFleet:
                  log=print):
         self.stage, self.store, self.buffer, self.prompts, self.counts, self.log = stage, store, buffer, prompts, counts, log
         self.ledger = ledger
+        self.measured = None  # sim_inputs.SimInputs: the run's own measurements for `rlflow profile` (run_setup sets it)
         plan = Plan.of(plan)
         actors = plan.rollouts(stage)
         self.spec = actors[0]
@@ -228,6 +229,8 @@ class RolloutFleet:
             self.counts["engine_sleep_freed_mb"] += report.slept_freed / 2**20
         inst.asleep = report.asleep
         snap = report.snapshot
+        if self.measured is not None:
+            self.measured.engine_step(self.stage, inst.index, snap, report.busy_s, report.pull_s, report.idle)
         inst.version, inst.snapshot = snap.version, snap
         self.timeline.append((time.monotonic() - self.t0, inst.index, len(snap.run_trajs)))
         self.pull_s += report.pull_s
@@ -271,6 +274,8 @@ class RolloutFleet:
         ids = (member_id(gid, m) for m in range(self.members))
         members = [t for t in ids if t not in done.surplus and t not in unrouted]
         self.buffer.completed(gid, done.version)
+        if self.measured is not None:
+            self.measured.group_completed(gid)
         self.ledger.state(gid, "generated", done.version)
         task = gid.rsplit("-", 1)[0]
         if self.dispatch is not None:  # the ranker learns the prompt's completion length

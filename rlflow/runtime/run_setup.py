@@ -22,6 +22,7 @@ from rlflow.runtime.reward_pool import prepared
 from rlflow.runtime.rollout_fleet import RolloutFleet
 from rlflow.runtime.run_resume import restore
 from rlflow.runtime.scaling import Scaling
+from rlflow.runtime.sim_inputs import SimInputs
 from rlflow.runtime.train_sink import TrainSink
 from rlflow.runtime.watchdog import CALL_TIMEOUT_S, RunStalled, get_within
 
@@ -69,6 +70,9 @@ def start(run) -> None:
                                source=plan.source, skip=resumed.drawn if resumed else None, measure=measure)
     run.fleets = [RolloutFleet(plan, s, model_dir=model_dir, store=run.store, buffer=run.buffer, prompts=run.prompts,
                                ledger=run.ledger, counts=run.counts, log=run.log) for s in rollout_stages]
+    run.measured = SimInputs()
+    for fleet in run.fleets:
+        fleet.measured = run.measured
     run.elastic = Scaling(run.fleets, run.out_dir, log=run.log)  # `rlflow scale`, and elastic.auto
     filters = plan.filters()
     policy_start = model_dir if plan.model["path"] == TINY_JUDGE else None  # a judge's builtin:tiny-llama

@@ -125,6 +125,9 @@ class SimConfig:
     # benchmarks/bench_step_latency.py (configs/control_costs/); 0 keeps the closed form's instant hand-offs
     reward_latency_s: float = 0.0  # a group's last sample finished -> the group in the buffer (store, reward, queue)
     step_control_s: float = 0.0  # per train step outside trainer compute: call, payload take, publish, weight load
+    # the group filter (e.g. drop_uniform_groups): each scored group is dropped with this probability and generated
+    # again, as the runtime's buffer does; a barrier's batch_redundancy auto admits B p / (1 - p) extra groups
+    filter_drop_rate: float = 0.0
     steps: int = 100  # train steps to simulate
     warmup_steps: int = 10  # steps excluded from steady-state statistics
     seed: int = 0
@@ -162,6 +165,8 @@ class SimConfig:
         for name in ("reward_latency_s", "step_control_s"):
             if getattr(self, name) < 0:
                 errors.append(f"{name}: a control cost must be >= 0 s, got {getattr(self, name)}")
+        if not 0 <= self.filter_drop_rate < 1:
+            errors.append(f"filter_drop_rate: a probability in [0, 1), got {self.filter_drop_rate}")
         for name in ("instances", "slots", "group_size", "batch_groups", "steps", "turns"):
             if getattr(self, name) < 1:
                 errors.append(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -90,8 +90,8 @@ class Instance:
     def advance(self, now: float) -> None:
         """Bring progress and busy-time accounting up to `now` (the running set has not changed since)."""
         n = len(self.running)
-        if n:
-            self._busy += now - self._acct_t
+        if n:  # the hop between engine steps (profile hop_s) is time with work, but not the engine's: not busy
+            self._busy += (now - self._acct_t) * (1 - self.p.hop_s / self._a if self._a > 0 else 1.0)
         elif self.stall_until > self._acct_t:
             self._busy += min(now, self.stall_until) - self._acct_t
         self._acct_t = now

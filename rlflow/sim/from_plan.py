@@ -6,6 +6,7 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
@@ -14,6 +15,7 @@ from rlflow.plan_read import PlanCoordination, named_profile, stage_coordination
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
 from rlflow.sim.control_costs import ControlCosts
 from rlflow.sim.lengths import expected_length
+from rlflow.sim.measured_profile import MeasuredProfile
 
 DEFAULT_PROFILE = "staleflow-table4-qwen3-30b-a3b"
 
@@ -203,13 +205,17 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     if pc.skew_aware:
         coordination.update(dispatch="skew_aware", long_tail_fraction=dispatch.get("long_tail_fraction", 0.2),
                             ranker="oracle" if ranker == "oracle" else "noisy")
-    lengths = stage_lengths(w, name, rollout)
     named = plan_profiles(plan)
     if not profile and named:
         profile = named[0]
         if len(named) < len(rollouts):
             notes.append(f"the cost-model profile {profile}, named by {len(named)} of {len(rollouts)} rollout stages, "
                          "is used for all of them")
+    measured = MeasuredProfile.load(profile) if profile else None
+    if measured is not None:
+        w = measured_lengths(plan, measured, w, notes)
+    lengths = stage_lengths(w, name, rollout)
+    drop_rate, redundancy = group_filter(plan, measured, control, notes)
     if mode is None:
         mode = "slots" if (w["rollout_tokens_per_s"] and not profile and len(rollouts) == 1) else "cost_model"
     if mode == "slots" and len(rollouts) > 1:
@@ -220,7 +226,7 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
                   policy=control.kind, eta=control.eta, capacity=control.capacity,
                   # auto adapts to the group filter's drops at run time; the simulator drops no groups (it models no
                   # rewards), so auto admits none extra, as the runtime's rule does without drops
-                  batch_redundancy=0 if control.batch_redundancy == "auto" else control.batch_redundancy, steps=steps, warmup_steps=min(10, steps // 5),
+                  batch_redundancy=redundancy, filter_drop_rate=drop_rate, steps=steps, warmup_steps=min(10, steps // 5),
                   seed=plan.pipeline["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
                   **episodes(rollout, w, notes))
     if mode == "slots":
@@ -252,6 +258,12 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
             v_r += decode_rate(stage_prof, stage, control.batch_size, stages[-1].lengths, n, prompt_tokens)
         config_kw["stages"] = tuple(stages)
     v_t = train_tokens_per_s or w["train_tokens_per_s"]
+    if v_t is None and measured is not None:
+        trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token)
+        notes.append(f"trainer from the profile's calibration run ({measured.pipeline}): {measured.base_s:.3f} s + "
+                      f"{measured.s_per_token * 1000:.3f} ms per trained token a step")
+        control_fields = (control_cost_fields(control_costs, notes) if control_costs else measured_control(measured, notes))
+        return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
     if v_t is None:
         v_t = v_r
         notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s"
@@ -271,3 +283,46 @@ def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:
                  f"group's last sample to the buffer, {costs.step_control_s * 1000:.0f} ms per train step outside "
                  "trainer compute; measured on a small CPU run, --control-costs none (control_costs='none') leaves them out")
     return {"reward_latency_s": costs.reward_latency_s, "step_control_s": costs.step_control_s}
+
+
+def measured_control(measured: MeasuredProfile, notes: list[str]) -> dict:
+    """The control costs the profile's calibration run measured (instead of configs/control_costs/'s)."""
+    notes.append(f"control costs from the profile's calibration run: {measured.reward_latency_s * 1000:.0f} ms from a "
+                 f"group's last sample to scored, {measured.step_control_s * 1000:.0f} ms per train step outside trainer "
+                 "compute")
+    return {"reward_latency_s": measured.reward_latency_s, "step_control_s": measured.step_control_s}
+
+
+def measured_lengths(plan: Plan, measured: MeasuredProfile, w: dict, notes: list[str]) -> dict:
+    """The workload block with the lengths the profile's run trained on, where it drew from the same data source at
+    the same max_new_tokens (a measurement beats the block's statement); else the block as it is, with a note."""
+    rollouts = plan_rollouts(plan)
+    source = plan.pipeline["data"]["source"]
+    if len(rollouts) > 1 or not measured.same_workload(source, rollouts[0][1]["max_new_tokens"]):
+        notes.append(f"response lengths from the workload block (mean {w['mean_length']:g}, tailness {w['tailness']:g}): "
+                     f"the profile measured {measured.data_source} at max_new_tokens {measured.max_new_tokens}, not "
+                     f"this plan's {source} at {rollouts[0][1]['max_new_tokens']}")
+        return w
+    m = measured.workload
+    notes.append(f"response lengths measured in the profile's calibration run: mean {m['mean_length']:g}, tailness "
+                 f"{m['tailness']:g}, prompt_share {m['prompt_share']:g}")
+    return {**w, **m, "stages": None}
+
+
+def group_filter(plan: Plan, measured: MeasuredProfile | None, control, notes: list[str]) -> tuple[float, int]:
+    """(filter drop rate, batch_redundancy): the profile's measured drop rate where the plan filters groups, and auto
+    redundancy as the runtime's buffer sets it for that rate (runtime/buffer.py _scored)."""
+    filters = [e["policy"]["filter"] for e in plan.pipeline["edges"] if (e.get("policy") or {}).get("filter")]
+    auto = control.batch_redundancy == "auto"
+    if not filters:
+        return 0.0, 0 if auto else control.batch_redundancy
+    if measured is None:
+        notes.append(f"group filter {filters[0]}: not modelled (no profile measured in a run says how many groups it "
+                     "drops; rlflow profile PIPELINE measures it): every generated group is trained")
+        return 0.0, 0 if auto else control.batch_redundancy
+    p = min(measured.filter_drop_rate, 0.95)
+    b = control.batch_size
+    extra = (2 * b if p >= 2 / 3 else math.ceil(b * p / (1.0 - p) - 1e-9)) if auto else control.batch_redundancy
+    notes.append(f"group filter {filters[0]}: drops {p:.0%} of scored groups (measured in the profile's run)"
+                 + (f"; batch_redundancy auto admits {extra} extra" if auto else ""))
+    return p, extra

@@ -59,6 +59,7 @@ class Simulation:
                                           for i, s in enumerate(config.stages, 1)]
         self._group_sizes = [config.group_size] + [s.group_size for s in config.stages]
         self._env_rng = random.Random(f"env-latency/{config.seed}")  # own stream: lengths do not move with turns
+        self._filter_rng = random.Random(f"group-filter/{config.seed}")
         self._check_lengths_fit()
         self.now = 0.0
         self.weights = 0  # latest published weights version (train steps finished)
@@ -193,6 +194,12 @@ class Simulation:
     def _group_scored(self, group: Group) -> None:
         """A completed group reaches the buffer (the policy); one the policy let go of meanwhile is not offered."""
         if self.groups.get(group.gid) is not group:
+            return
+        if self.cfg.filter_drop_rate and self._filter_rng.random() < self.cfg.filter_drop_rate:
+            # the group filter drops it (runtime/buffer.py rewarded): its slot frees and the group is generated again
+            self.groups.pop(group.gid)
+            self._forget(self.policy.filter(group.gid))
+            self.state_epoch += 1
             return
         self._forget(self.policy.occupy(group.gid, group.min_version))
         self.state_epoch += 1
