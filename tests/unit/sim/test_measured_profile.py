@@ -1,0 +1,128 @@
+"""A profile measured in a calibration run (`rlflow profile PIPELINE`, issue 47): the fit recovers the laws the
+samples were drawn from, the file it writes is read by both CostProfile and the simulator, and the simulator then
+takes the trainer, control costs, group filter and lengths from it, saying so; the group filter and the engine's hop
+change what the simulator predicts in the way the runtime does."""
+
+import ast
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlflow import api
+from rlflow.operators.cost_profile import CostProfile
+from rlflow.profile_run import ProfileRunError, fit_engine, fit_run, fit_trainer, profile_doc, write
+from rlflow.sim import LengthSpec, SimConfig, TrainerModel, simulate
+from rlflow.sim.from_plan import sim_config
+from rlflow.sim.measured_profile import MeasuredProfile
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "pipelines" / "quickstart.yaml"
+K2, K3, K4, HOP = 2e-3, 1e-4, 1e-3, 5e-4  # the law the synthetic engine steps follow
+
+
+def engine_rows(n_rows=200, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n_rows):
+        running, iters = rng.choice([1, 2, 4, 8, 16, 32, 64]), rng.choice([4, 16])
+        s = (max(K2, K3 * running) + K4) * rng.uniform(0.97, 1.03)
+        rows.append([running * 20.0, float(running), s, HOP, iters])
+    return rows
+
+
+def inputs(drop=0.25, steps=12):
+    return {"engine_steps": {"rows": engine_rows()}, "reward_latency_s": [0.05, 0.06, 0.07],
+            "steps": [{"tokens": 400 + 40 * i, "step_time_s": 0.1 + 0.001 * (400 + 40 * i), "micro_batches": 1,
+                       "control_s": 0.03} for i in range(steps)],
+            "pull_s": [0.004, 0.005], "groups_scored": 100, "groups_filtered": int(100 * drop)}
+
+
+SUMMARY = {"workload_measured": {"mean_length": 6.0, "tailness": 40.0, "prompt_share": 0.5, "groups": 200}}
+
+
+def test_the_fit_recovers_the_engine_law_its_hop_and_the_trainer_line():
+    engine = fit_engine(engine_rows())
+    for n in (1, 8, 64):
+        want = max(K2, K3 * n) + K4
+        assert engine["k1"] * n * 20 + max(engine["k2"], engine["k3"] * n) + engine["k4"] == pytest.approx(want, rel=0.08)
+    assert engine["hop_s"] == pytest.approx(HOP)
+    trainer = fit_trainer(inputs()["steps"])
+    assert trainer["base_s"] == pytest.approx(0.1, rel=0.01) and trainer["s_per_token"] == pytest.approx(0.001, rel=0.01)
+
+
+def test_a_run_too_short_to_fit_is_refused_saying_what_to_change():
+    with pytest.raises(ProfileRunError, match="--steps"):
+        fit_trainer(inputs(steps=2)["steps"])
+    with pytest.raises(ProfileRunError, match="decode"):
+        fit_engine(engine_rows()[:3])
+
+
+@pytest.fixture
+def measured_file(tmp_path):
+    plan = api.as_plan(QUICKSTART, [])
+    fit = fit_run(inputs(), SUMMARY)
+    return write(profile_doc(fit, plan=plan, command="test", engine="hf", model="builtin:tiny-llama",
+                             max_running=128), tmp_path / "p.json")
+
+
+def test_the_written_profile_reads_as_a_cost_profile_and_as_measured_sections(measured_file):
+    cost = CostProfile.load(measured_file)
+    assert cost.hop_s == pytest.approx(HOP) and cost.prefill_s_per_token == 0
+    m = MeasuredProfile.load(measured_file)
+    assert m.filter_drop_rate == 0.25 and m.base_s == pytest.approx(0.1, rel=0.01)
+    assert m.step_control_s == pytest.approx(0.03) and m.reward_latency_s == pytest.approx(0.06)
+    assert m.same_workload("builtin:repeat", 48) and not m.same_workload("builtin:arith", 48)
+    assert MeasuredProfile.load(ROOT / "configs" / "profiles" / "tiny-llama-hf.json") is None  # not measured in a run
+
+
+def test_the_simulator_takes_every_input_from_a_measured_profile_and_says_so(measured_file):
+    plan = api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}"])
+    config, notes = sim_config(plan, steps=20)
+    assert config.trainer.base_s == pytest.approx(0.1, rel=0.01)
+    assert config.step_control_s == pytest.approx(0.03) and config.filter_drop_rate == 0.25
+    assert config.lengths.mean == 6.0 and config.lengths.tailness == 40.0
+    assert config.profile.hop_s == pytest.approx(HOP)
+    text = " ".join(notes)
+    assert "calibration run" in text and "drops 25%" in text and "trainer speed assumed" not in text
+    other, notes = sim_config(api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}",
+                                                       "data.source=builtin:arith"]), steps=20)
+    assert other.lengths.mean != 6.0 and any("not this plan's builtin:arith" in n for n in notes)
+
+
+BASE = SimConfig(mode="slots", slots=16, speed=100.0, lengths=LengthSpec(kind="fixed", mean=10), group_size=4,
+                 batch_groups=4, policy="staleflow", eta=1, trainer=TrainerModel(t_step=0.05), steps=60,
+                 warmup_steps=10, seed=3)
+
+
+def test_a_group_filter_drops_its_share_and_the_trained_rate_falls_with_it():
+    plain, filtered = simulate(BASE), simulate(replace(BASE, filter_drop_rate=0.5))
+    share = filtered.filtered / (filtered.filtered + filtered.consumed)
+    assert 0.4 < share < 0.6 and plain.filtered == 0
+    assert filtered.trained_tokens_per_s < 0.8 * plain.trained_tokens_per_s  # rollout-bound: half its groups wasted
+
+
+def test_the_engine_hop_slows_decoding_and_is_not_counted_busy():
+    prof = CostProfile(name="t", k1=0.0, k2=0.01, k3=0.0, k4=0.0, k5=1.0, kv_budget=1e6, max_running=16,
+                       prefill_s_per_token=0.0, pull_s=0.0)
+    base = SimConfig(mode="cost_model", instances=1, profile=prof, lengths=LengthSpec(kind="fixed", mean=10),
+                     group_size=4, batch_groups=4, policy="staleflow", eta=1, trainer=TrainerModel(t_step=0.001),
+                     steps=40, warmup_steps=5, seed=1)
+    fast, slow = simulate(base), simulate(replace(base, profile=replace(prof, hop_s=0.01)))
+    assert slow.trained_tokens_per_s == pytest.approx(fast.trained_tokens_per_s / 2, rel=0.1)
+    assert slow.rollout_idle_ratio == pytest.approx(fast.rollout_idle_ratio + (1 - fast.rollout_idle_ratio) / 2, abs=0.05)
+
+
+def test_the_validation_script_sets_no_simulator_input():
+    """tune_validation.py's predictions are the runs' own: it may name the profile, nothing the simulator reads."""
+    source = (ROOT / "benchmarks" / "tune_validation.py").read_text()
+    for forbidden in ("workload.", "train_tokens_per_s", "train-tokens-per-s", "--control-costs", "engine_scale",
+                      "calibrat" + "ed on", "rollout_tokens_per_s", "--profile "):
+        assert forbidden not in source, f"tune_validation.py sets {forbidden!r}: a hand-set simulator input"
+    tree = ast.parse(source)
+    grid = next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "GRID")
+    assert len(grid) >= 12
+    for _, _, sets in grid.values():
+        assert not any(s.startswith("workload") or ".coordinator." in s for s in sets)
