@@ -30,9 +30,8 @@ def forecast(plan: Plan) -> tuple[dict | None, str]:
     profiles = plan_profiles(plan) if not not_simulable(plan) else []
     measured = MeasuredProfile.load(profiles[0]) if profiles else None
     if measured is None:
-        return None, ("prediction: none (no profile measured on this machine names this plan's inputs; "
-                      "`rlflow profile PIPELINE` measures one, then name it in the rollout stage's coordinator.profile "
-                      "and this run will say how far off the simulator is)")
+        return None, ("prediction: none (the plan names no profile measured in a run: rlflow profile PIPELINE "
+                      "measures one; name it in coordinator.profile)")
     steps = min(plan.trainer.steps, MAX_SIM_STEPS)
     try:
         config, _ = sim_config(plan, steps=steps)
