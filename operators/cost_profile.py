@@ -17,6 +17,12 @@ class ProfileError(ValueError):
     """A profile file that is missing or incomplete; the message names the file and what is wrong."""
 
 
+def profile_path(name_or_path: str | Path) -> Path:
+    """A profile's file: the path as given, or a bare name looked up in configs/profiles/."""
+    path = Path(name_or_path)
+    return PROFILE_DIR / f"{name_or_path}.json" if not path.suffix else path
+
+
 @dataclass(frozen=True)
 class CostProfile:
     """Per-instance rollout cost model (StaleFlow Appendix B) plus the costs the paper leaves out."""
@@ -50,9 +56,7 @@ class CostProfile:
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostProfile:
         """Read a profile JSON; a bare name is looked up in configs/profiles/. Doc keys are ignored."""
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PROFILE_DIR / f"{name_or_path}.json"
+        path = profile_path(name_or_path)
         if not path.exists():
             raise ProfileError(f"profile: no file {path}; shipped: {sorted(p.stem for p in PROFILE_DIR.glob('*.json'))}")
         raw = json.loads(path.read_text())

@@ -11,7 +11,18 @@ earlier), so occupy, abort and filter are amortized O(eta^3); consume is O(B), i
 
 from __future__ import annotations
 
+import math
+
 from .policy import Batch, Entry, GroupId, InvariantViolation, StalenessError, StalenessPolicy, staleness
+
+
+def auto_redundancy(batch_size: int, drop_rate: float) -> int:
+    """batch_redundancy auto for a group filter dropping `drop_rate` of scored groups: B p / (1 - p) extra groups, so
+    a barrier's batch fills in about one round of generation; at most 2 B (from p = 2/3 on). The runtime's buffer
+    applies it to the rate it observes (rlflow/runtime/buffer.py), the simulator to a measured one (sim/from_plan.py)."""
+    if drop_rate >= 2 / 3:
+        return 2 * batch_size
+    return math.ceil(batch_size * drop_rate / (1.0 - drop_rate) - 1e-9)
 
 WAITING, READY, STUCK = "waiting", "ready", "stuck"
 

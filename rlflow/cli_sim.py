@@ -189,8 +189,8 @@ def profile_pipeline(pipeline: str, *, steps: int, overrides: list[str], output:
     from rlflow.profile_run import ProfileRunError, describe, fit_run, profile_doc, write
     from rlflow.runtime.sim_inputs import FILE
 
-    calibration = [f"stages.{name}.steps={steps}" for name in _train_stages(pipeline)]
-    calibration += [f"stages.{name}.checkpoint_every=0" for name in _train_stages(pipeline)]
+    train = _train_stages(pipeline)
+    calibration = [f"stages.{name}.{key}" for name in train for key in (f"steps={steps}", "checkpoint_every=0")]
     plan = api.as_plan(pipeline, [*overrides, *calibration])
     rollouts = plan.rollout_stages()
     if len(rollouts) != 1:

@@ -47,7 +47,7 @@ class EngineSnapshot:
     max_running: int  # how many it runs at once
     env_trajs: list[str] = field(default_factory=list)  # multi-turn: between turns, on their environment (the worker's)
     scheduler: dict[str, float] | None = None  # vLLM's own view: running, waiting, kv_cache_usage (fraction)
-    # cumulative since the engine started, for the in-run cost model (runtime/engine_steps.py): decode iterations of
+    # cumulative since the engine started, for the in-run cost model (runtime/sim_inputs.py): decode iterations of
     # the whole batch, and tokens they produced (one per running row per iteration); 0 where an engine cannot count
     decode_steps: int = 0
     decoded_tokens: int = 0

@@ -10,13 +10,13 @@ the invariants of §5 on it: no group above the bound, none trained twice, conse
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 
 from rlflow.errors import RunFailed
 from rlflow.operators.policy import InvariantViolation
 from rlflow.operators.policy_kinds import make_policy
+from rlflow.operators.staleness_buffer import auto_redundancy
 from rlflow.runtime.messages import ScoredBatch, TrainBatch
 
 PAYLOAD_TIMEOUT_S = 120.0  # the payload store hands over a batch of buffered groups' payloads for the ledger
@@ -140,9 +140,7 @@ class Buffer:
         b = self.policy.batch_size
         if len(self.recent) < b:
             return
-        dropped = 1.0 - sum(self.recent) / len(self.recent)
-        extra = 2 * b if dropped >= 2 / 3 else math.ceil(b * dropped / (1.0 - dropped) - 1e-9)
-        self.policy.set_batch_redundancy(extra)
+        self.policy.set_batch_redundancy(auto_redundancy(b, 1.0 - sum(self.recent) / len(self.recent)))
 
     def restore(self, gid: str, version: int, rewards: dict[str, float]) -> str:
         """A group buffered before a resume (its payloads already back in the store), into the policy with its

@@ -6,10 +6,10 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from rlflow.operators.cost_profile import CostProfile
+from rlflow.operators.staleness_buffer import auto_redundancy
 from rlflow.plan_model import Plan
 from rlflow.plan_read import PlanCoordination, named_profile, stage_coordination, stage_length_law
 from rlflow.sim.config import LengthSpec, SimConfig, StageSim, TrainerModel
@@ -224,8 +224,8 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     instances = counts[0]
     common = dict(lengths=lengths, group_size=rollout["group_size"], batch_groups=control.batch_size,
                   policy=control.kind, eta=control.eta, capacity=control.capacity,
-                  # auto adapts to the group filter's drops at run time; the simulator drops no groups (it models no
-                  # rewards), so auto admits none extra, as the runtime's rule does without drops
+                  # auto adapts to the group filter's drops at run time; the simulator applies the same rule to the
+                  # drop rate a measured profile gives (group_filter), else to none
                   batch_redundancy=redundancy, filter_drop_rate=drop_rate, steps=steps, warmup_steps=min(10, steps // 5),
                   seed=plan.pipeline["seed"] if seed is None else seed, prompt_tokens=prompt_tokens, stage_name=name,
                   **episodes(rollout, w, notes))
@@ -258,19 +258,22 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
             v_r += decode_rate(stage_prof, stage, control.batch_size, stages[-1].lengths, n, prompt_tokens)
         config_kw["stages"] = tuple(stages)
     v_t = train_tokens_per_s or w["train_tokens_per_s"]
-    if v_t is None and measured is not None:
+    # no trainer speed stated: the profile's calibration run measured it, and the control costs beside it
+    from_run = v_t is None and measured is not None
+    if from_run:
         trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token)
         notes.append(f"trainer from the profile's calibration run ({measured.pipeline}): {measured.base_s:.3f} s + "
-                      f"{measured.s_per_token * 1000:.3f} ms per trained token a step")
-        control_fields = (control_cost_fields(control_costs, notes) if control_costs else measured_control(measured, notes))
-        return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
-    if v_t is None:
-        v_t = v_r
-        notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s"
-                     + (f", summed over {len(rollouts)} rollout stages" if len(rollouts) > 1 else "")
-                     + "); set workload.train_tokens_per_s or --train-tokens-per-s")
-    trainer = TrainerModel(s_per_token=1.0 / v_t)
-    return SimConfig(**config_kw, trainer=trainer, **common, **control_cost_fields(control_costs, notes)), notes
+                     f"{measured.s_per_token * 1000:.3f} ms per trained token a step")
+    else:
+        if v_t is None:
+            v_t = v_r
+            notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s"
+                         + (f", summed over {len(rollouts)} rollout stages" if len(rollouts) > 1 else "")
+                         + "); set workload.train_tokens_per_s or --train-tokens-per-s")
+        trainer = TrainerModel(s_per_token=1.0 / v_t)
+    control_fields = (measured_control(measured, notes) if from_run and not control_costs
+                      else control_cost_fields(control_costs, notes))
+    return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
 
 
 def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:
@@ -321,8 +324,7 @@ def group_filter(plan: Plan, measured: MeasuredProfile | None, control, notes: l
                      "drops; rlflow profile PIPELINE measures it): every generated group is trained")
         return 0.0, 0 if auto else control.batch_redundancy
     p = min(measured.filter_drop_rate, 0.95)
-    b = control.batch_size
-    extra = (2 * b if p >= 2 / 3 else math.ceil(b * p / (1.0 - p) - 1e-9)) if auto else control.batch_redundancy
+    extra = auto_redundancy(control.batch_size, p) if auto else control.batch_redundancy
     notes.append(f"group filter {filters[0]}: drops {p:.0%} of scored groups (measured in the profile's run)"
                  + (f"; batch_redundancy auto admits {extra} extra" if auto else ""))
     return p, extra

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow.operators.cost_profile import PROFILE_DIR, ProfileError
+from rlflow.operators.cost_profile import ProfileError, profile_path
 
 
 def _value(section: dict, key: str) -> float:
@@ -43,9 +43,7 @@ class MeasuredProfile:
     @classmethod
     def load(cls, name_or_path: str | Path) -> MeasuredProfile | None:
         """The measured sections of a profile file (None: it has none)."""
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PROFILE_DIR / f"{name_or_path}.json"
+        path = profile_path(name_or_path)
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
