@@ -41,6 +41,10 @@ class CostProfile:
     # (a round trip per `engine.step`), where StaleFlow's engines decode continuously. 0 unless measured in a run
     # (`rlflow profile PIPELINE`); the simulator adds it to every decode step and counts it as not busy
     hop_s: float = 0.0
+    # decode iterations an engine runs per step call (the hf engine's chunk_size): work routed to it joins its batch
+    # only between calls, so a slot freed mid-call stays empty until the call ends. 0: continuous batching (StaleFlow's
+    # engines; vLLM), work joins at once. Measured in a run (`rlflow profile PIPELINE`: the most iterations a call ran)
+    chunk_steps: int = 0
     engine: str | None = None  # engine measured (registry name, e.g. "hf"); None: not recorded
     model: str | None = None  # model path the engine loaded (e.g. "builtin:tiny-llama"); None: not recorded
 

@@ -26,7 +26,7 @@ def simulate(plan: PlanFile = None, bare: Bare = None,
                                                            show_default=False)] = None,
              profile: Annotated[str | None, typer.Option(help=PROFILE_HELP, show_default=False)] = None,
              train_tokens_per_s: Annotated[float | None, typer.Option(
-                 help="trainer throughput (default: workload block, else rho = 1)", show_default=False)] = None,
+                 help="trainer throughput (default: a measured profile's trainer, else the workload block, else rho = 1)", show_default=False)] = None,
              prompt_tokens: Annotated[int, typer.Option(help="prompt length held in the KV cache")] = 0,
              seed: Annotated[int | None, typer.Option(show_default=False)] = None,
              scale: Annotated[list[str] | None, typer.Option(

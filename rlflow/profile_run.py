@@ -10,7 +10,8 @@ run of the user's own pipeline (runtime/sim_inputs.py records them):
 - the engine: StaleFlow's Eq. 11 (k1..k4, Appendix B) fitted to the run's engine steps (seconds per decode
   iteration at the KV and batch each had), and hop_s, the seconds per iteration an instance waited outside its
   engine while it held work;
-- the trainer: seconds per step = base_s + s_per_token * trained tokens, least squares over the run's steps;
+- the trainer: seconds per step = s_per_micro_batch * micro-batches + s_per_token * trained tokens, least squares
+  over the run's steps;
 - the control costs: a group's last token to scored, and a step's time beyond its compute;
 - the group filter's drop rate, the weights pull, and the response lengths trained on.
 
@@ -30,6 +31,7 @@ import numpy as np
 from rlflow.profile import Sample, _nonnegative_lstsq, fit_profile, machine
 
 MIN_STEPS = 4  # trainer and control fits need this many steps past the warm-up
+MIN_SPREAD = 0.25  # tokens per step must vary this much (std / mean) to fit a per-token cost
 
 
 class ProfileRunError(ValueError):
@@ -56,24 +58,40 @@ def fit_engine(rows: list[list[float]]) -> dict:
     # total over the total, not the mean of per-call ratios (a call that drained its batch after 2 iterations)
     iters = sum(r[4] for r in rows)
     fit["hop_s"] = sum(r[3] * r[4] for r in rows) / iters
+    # the engine is stepped in calls of up to chunk_size iterations (hf); work routed to it joins between calls
+    fit["chunk_steps"] = int(max(r[4] for r in rows))
     fit["samples"] = len(rows)
     fit["running_range"] = [min(r[1] for r in rows), max(r[1] for r in rows)]
     return fit
 
 
 def fit_trainer(steps: list[dict]) -> dict:
-    """base_s + s_per_token * tokens, both >= 0, least squares relative to each step's time."""
+    """Seconds per step = s_per_micro_batch * micro-batches (per rank) + s_per_token * tokens, both >= 0, least
+    squares relative to each step's time.
+
+    No fixed cost per step: a run's steps all run about the same micro-batches, so a fixed cost cannot be told from a
+    per-micro-batch one, and the per-micro-batch one is what scales with the batch. Measured (issue 47): the
+    quickstart's steps (16 micro-batches of 8 rows) took 0.27-0.46 s whatever their tokens (430-780), and laminar's
+    batch of half the rows trained in about half the time; a line in tokens alone had fitted 0.30 s + 0 per token,
+    and predicted laminar's steps as long as the quickstart's. Where the tokens per step varied less than
+    MIN_SPREAD, the per-token cost is not fitted at all (it would be noise): seconds per micro-batch alone."""
     if len(steps) < MIN_STEPS:
         raise ProfileRunError(f"{len(steps)} train steps measured past the warm-up (at least {MIN_STEPS}): run more "
                               "steps (--steps)")
     tokens = np.array([s["tokens"] for s in steps], dtype=float)
+    micro = np.array([max(1, s.get("micro_batches", 1)) for s in steps], dtype=float)
     t = np.array([s["step_time_s"] for s in steps], dtype=float)
-    a = np.column_stack([np.ones_like(tokens), tokens])
-    base, per = _nonnegative_lstsq(a / t[:, None], np.ones_like(t))
-    if base == 0 and per == 0:
-        per = float(t.sum() / max(tokens.sum(), 1))
     spread = float(tokens.std() / tokens.mean()) if tokens.mean() else 0.0
-    return {"base_s": float(base), "s_per_token": float(per), "steps": len(steps), "tokens_spread": spread}
+    per_micro = float(t.sum() / micro.sum())
+    if spread < MIN_SPREAD:
+        return {"base_s": 0.0, "s_per_token": 0.0, "s_per_micro_batch": per_micro, "steps": len(steps),
+                "tokens_spread": spread, "law": "micro_batches"}
+    a = np.column_stack([micro, tokens])
+    per_mb, per_token = _nonnegative_lstsq(a / t[:, None], np.ones_like(t))
+    if per_mb == 0 and per_token == 0:
+        per_mb = per_micro
+    return {"base_s": 0.0, "s_per_token": float(per_token), "s_per_micro_batch": float(per_mb), "steps": len(steps),
+            "tokens_spread": spread, "law": "micro_batches_and_tokens"}
 
 
 def fit_run(inputs: dict, summary: dict) -> dict:
@@ -81,7 +99,8 @@ def fit_run(inputs: dict, summary: dict) -> dict:
     engine = fit_engine(inputs["engine_steps"]["rows"])
     trainer = fit_trainer(inputs["steps"])
     control = {"reward_latency_s": statistics.median(inputs["reward_latency_s"]) if inputs["reward_latency_s"] else 0.0,
-               "step_control_s": statistics.median(s["control_s"] for s in inputs["steps"])}
+               "step_control_s": statistics.median(s["control_s"] for s in inputs["steps"]),
+               "route_s": statistics.median(inputs["route_delay_s"]) if inputs.get("route_delay_s") else 0.0}
     scored = inputs["groups_scored"]
     drop = inputs["groups_filtered"] / scored if scored else 0.0
     workload = summary.get("workload_measured") or {}
@@ -109,6 +128,8 @@ def profile_doc(fit: dict, *, plan, command: str, engine: str, model: str, max_r
         "k5": {"value": 1.0, "unit": "KV units per token", "from": "engine reports KV in tokens"},
         "hop_s": {"value": e["hop_s"], "unit": "s per decode step",
                   "from": f"{how}: time an instance held work outside engine.step, per decode iteration"},
+        "chunk_steps": {"value": e["chunk_steps"], "unit": "decode iterations per engine.step call",
+                        "from": f"{how}: the most iterations one call ran; routed work joins between calls"},
         "kv_budget": {"value": max_running * plan.model["max_model_len"], "unit": "KV units",
                       "from": "the stage's max_running x the model's max_model_len"},
         "max_running": {"value": max_running, "from": "the stage's max_running"},
@@ -118,11 +139,18 @@ def profile_doc(fit: dict, *, plan, command: str, engine: str, model: str, max_r
         "measured_in_run": {"pipeline": plan.name, "data_source": plan.pipeline["data"]["source"],
                             "max_new_tokens": rollout["max_new_tokens"], "steps": plan.trainer.steps,
                             "source": f"{when}, {machine()}"},
-        "trainer": {"base_s": {"value": tr["base_s"], "from": f"{how}: least squares over {tr['steps']} steps"},
-                    "s_per_token": {"value": tr["s_per_token"], "from": f"{how}: the same fit"},
+        "trainer": {"base_s": {"value": 0.0, "from": f"{how}: not separable from the per-micro-batch cost (every step ran "
+                                                  "about the same micro-batches)"},
+                    "s_per_micro_batch": {"value": tr["s_per_micro_batch"],
+                                          "from": f"{how}: least squares over {tr['steps']} steps"},
+                    "s_per_token": {"value": tr["s_per_token"], "from": f"{how}: the same fit"
+                                    if tr["law"] != "micro_batches" else f"{how}: 0, tokens per step varied too little "
+                                    f"({tr['tokens_spread']:.0%}) to fit a per-token cost"},
                     "tokens_spread": tr["tokens_spread"]},
         "control_costs": {"reward_latency_s": {"value": c["reward_latency_s"], "from": f"{how}: median per group"},
-                          "step_control_s": {"value": c["step_control_s"], "from": f"{how}: median per step"}},
+                          "step_control_s": {"value": c["step_control_s"], "from": f"{how}: median per step"},
+                          "route_s": {"value": c["route_s"], "from": f"{how}: median, idle engine -> the step call "
+                                                                     "carrying its next work"}},
         "filter_drop_rate": {"value": fit["filter_drop_rate"], "from": f"{how}: filtered / scored groups"},
         "workload": {k: {"value": fit["workload"][k], "from": f"{how}: trained groups"}
                      for k in ("mean_length", "tailness", "prompt_share")},
@@ -141,9 +169,11 @@ def describe(fit: dict) -> list[str]:
     e, tr, c = fit["engine"], fit["trainer"], fit["control"]
     w = fit["workload"]
     return [f"engine (in the run): k1={e['k1']:.3g} k2={e['k2']:.3g} k3={e['k3']:.3g} k4={e['k4']:.3g} s, "
-            f"hop {e['hop_s'] * 1000:.2f} ms per decode step, R^2 {e['r2']:.2f} over {e['samples']} steps",
-            f"trainer: {tr['base_s']:.3f} s + {tr['s_per_token'] * 1000:.3f} ms per token a step ({tr['steps']} steps)",
+            f"hop {e['hop_s'] * 1000:.2f} ms per decode step, calls of up to {e['chunk_steps']} steps, "
+            f"R^2 {e['r2']:.2f} over {e['samples']} steps",
+            f"trainer: {tr['s_per_micro_batch'] * 1000:.1f} ms per micro-batch + {tr['s_per_token'] * 1000:.3f} ms per "
+            f"token a step ({tr['steps']} steps)",
             f"control: {c['reward_latency_s'] * 1000:.0f} ms last token -> scored, {c['step_control_s'] * 1000:.0f} ms "
-            "per step beyond compute",
+            f"per step beyond compute, {c['route_s'] * 1000:.0f} ms before an idle engine gets its work",
             f"group filter drops {fit['filter_drop_rate']:.0%}; weights pull {fit['pull_s'] * 1000:.0f} ms; lengths "
             f"mean {w['mean_length']:g}, tailness {w['tailness']:g}, prompt_share {w['prompt_share']:g}"]

@@ -34,6 +34,7 @@ instance on that version or newer (Algorithm 2); a group's members launch with i
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from rlflow.operators.commands import Interrupt, Pull, Route
@@ -75,6 +76,8 @@ class RolloutCoordinator:
         self.holding = False  # a cycle is due: instances that return are held until all have
         self.idle_after_cycle: set[int] = set()  # instances the last cycle left without work
         self.poked = False  # the policy's state changed since the last cycle: an idle instance may get work now
+        self.poke_t = 0.0  # when it first changed since the last cycle (time.monotonic())
+        self.cycle_poke_t = 0.0  # the poke the last cycle answered (0: none): when its routes' work became admissible
         self.room_wait = False  # the last cycle left work in the TS for want of room: refill when room frees
         self._rejected_in_row = 0
         self.counts = counts
@@ -147,6 +150,8 @@ class RolloutCoordinator:
 
     def poke(self) -> None:
         """The staleness policy's state changed (driver.py): a cycle is due if an instance is idle."""
+        if not self.poked:
+            self.poke_t = time.monotonic()
         self.poked = True
 
     def cycle(self, instances, ps_version: int, ps_ref, verify, reserve, launch, dispatch=None) -> list | None:
@@ -156,6 +161,7 @@ class RolloutCoordinator:
         dispatch (skew-aware, rlflow/runtime/dispatch_lanes.py): routing runs once per lane, the TS in LPT order,
         and every Route is checked against its trajectories' lanes before it is carried out.
         """
+        self.cycle_poke_t = self.poke_t if self.poked else 0.0
         self.poked = False
         alive = [i for i in instances if i.serving]
         views = self.queue.views()

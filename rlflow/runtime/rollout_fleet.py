@@ -49,6 +49,7 @@ class RolloutInstance:
     snapshot: EngineSnapshot | None = None  # the engine's, at the end of its last step
     running: dict = field(default_factory=dict)  # traj_id -> routed Trajectory (kept to re-route on failure)
     idle: bool = True  # the engine had nothing left at its last report
+    reported_t: float = 0.0  # when its last report arrived (time.monotonic(); 0: none yet)
     busy_s: float = 0.0  # seconds generating or loading weights
     step_s: float = 0.0  # seconds in engine.step alone (decoding; no weight loads)
     finished_tokens: int = 0  # completion tokens of the trajectories it finished (eos included)
@@ -191,6 +192,9 @@ class RolloutFleet:
                 if inst.asleep and inst.routes and inst.pull is None and self.ps[1] is not None:
                     inst.pull = self.ps  # an engine woken to generate loads the current version first
                 self.coordination.sent(inst)
+                if inst.routes and inst.idle and inst.reported_t and self.measured is not None:
+                    # an idle engine gets work: seconds since it could have (its report, or the policy's change)
+                    self.measured.routed_idle(time.monotonic() - max(inst.reported_t, self.coordination.cycle_poke_t))
                 inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep)
                 inst.pulling = inst.pull[1] if inst.pull else None
                 inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep = [], [], [], None, 0
@@ -212,7 +216,7 @@ class RolloutFleet:
 
     # ------------------------------------------------------------------ results
     def on_step(self, inst: RolloutInstance, report: StepReport) -> None:
-        inst.ref = None
+        inst.ref, inst.reported_t = None, time.monotonic()
         if inst.pulling is not None:  # verified delivery: the engine holds exactly the version it was sent
             verify_loaded(self.stage, inst.index, inst.pulling, report.loaded)
             self.verified.append((inst.index, inst.pulling.version))

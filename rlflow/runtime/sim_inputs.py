@@ -15,6 +15,9 @@ bounded in memory, as the run goes:
 - steps: batch consumed to the step's bookkeeping done, less the trainer's own step_time_s (the control cost);
   tokens, step_time_s and micro-batches per step (the trainer's cost as a function of tokens).
 - pulls: seconds an instance spent loading each weights version.
+- routes to an idle engine: seconds from when it could have had the work (its idle report arrived, or the policy
+  admitted more since) to the step call that carries it: the driver's round trip before an idle engine decodes
+  again, which the simulator's routing otherwise does at once.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class SimInputs:
         self.steps: deque[dict] = deque(maxlen=KEEP)
         self._consumed_t: float | None = None
         self.pulls: deque[float] = deque(maxlen=KEEP)
+        self.route_delay: deque[float] = deque(maxlen=KEEP)
         self.groups_scored = 0
 
     @property
@@ -65,6 +69,10 @@ class SimInputs:
         # outside the step while holding work: only when the last report left it work (else it waited for some)
         hop = max(0.0, now - t_last - busy_s - pull_s) if not was_idle else 0.0
         self.engine.append((before.kv_cache + tokens / 2, tokens / iters, busy_s / iters, hop / iters, iters))
+
+    def routed_idle(self, seconds: float) -> None:
+        if self._steady:
+            self.route_delay.append(seconds)
 
     def group_completed(self, gid: str) -> None:
         self._completed[gid] = time.monotonic()
@@ -100,6 +108,7 @@ class SimInputs:
             "reward_latency_s": list(self.reward_latency),
             "steps": list(self.steps),
             "pull_s": list(self.pulls),
+            "route_delay_s": list(self.route_delay),
             "groups_scored": self.groups_scored,
             "groups_filtered": filtered_groups,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from rlflow.operators.cost_profile import CostProfile
@@ -49,22 +50,41 @@ class LengthSpec:
 
 @dataclass(frozen=True)
 class TrainerModel:
-    """Train-step time: fixed t_step, or base_s + s_per_token * batch tokens (prompt + response)."""
+    """Train-step time: fixed t_step, or base_s + s_per_token * batch tokens (prompt + response)
+    + s_per_micro_batch * the micro-batches each rank runs.
+
+    Micro-batches (rlflow run's stages/batch_shards.py): a rank's share of the rows, micro_rows at a time
+    (DeepSpeed's train_micro_batch_size_per_gpu), and with packing at most micro_tokens tokens each where the plan
+    bounds them; every rank runs as many as the one that needs most."""
 
     t_step: float | None = None
     base_s: float = 0.0
     s_per_token: float = 0.0
+    s_per_micro_batch: float = 0.0
+    ranks: int = 1
+    micro_rows: int = 8
+    micro_tokens: int | None = None
 
     def __post_init__(self):
-        if self.t_step is None and self.base_s <= 0 and self.s_per_token <= 0:
-            raise SimConfigError("trainer: give t_step, or base_s / s_per_token > 0 (a step cannot take no time)")
+        if self.t_step is None and self.base_s <= 0 and self.s_per_token <= 0 and self.s_per_micro_batch <= 0:
+            raise SimConfigError("trainer: give t_step, or base_s / s_per_token / s_per_micro_batch > 0 (a step cannot "
+                                 "take no time)")
         if self.t_step is not None and self.t_step <= 0:
             raise SimConfigError(f"trainer.t_step: must be > 0 s, got {self.t_step}")
+        if self.ranks < 1 or self.micro_rows < 1:
+            raise SimConfigError(f"trainer: ranks and micro_rows must be >= 1, got {self.ranks} and {self.micro_rows}")
 
-    def step_time(self, tokens: float) -> float:
+    def micro_batches(self, rows: int, tokens: float) -> int:
+        by_rows = math.ceil(math.ceil(rows / self.ranks) / self.micro_rows)
+        if self.micro_tokens is None:
+            return max(1, by_rows)
+        return max(1, by_rows, math.ceil(tokens / self.ranks / self.micro_tokens))
+
+    def step_time(self, tokens: float, rows: int = 0) -> float:
         if self.t_step is not None:
             return self.t_step
-        return self.base_s + self.s_per_token * tokens
+        micro = self.micro_batches(rows, tokens) if self.s_per_micro_batch else 0
+        return self.base_s + self.s_per_token * tokens + self.s_per_micro_batch * micro
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,7 @@ class SimConfig:
     # benchmarks/bench_step_latency.py (configs/control_costs/); 0 keeps the closed form's instant hand-offs
     reward_latency_s: float = 0.0  # a group's last sample finished -> the group in the buffer (store, reward, queue)
     step_control_s: float = 0.0  # per train step outside trainer compute: call, payload take, publish, weight load
+    route_s: float = 0.0  # an idle instance's work arrives this long after it could have (the driver's round trip)
     # the group filter (e.g. drop_uniform_groups): each scored group is dropped with this probability and generated
     # again, as the runtime's buffer does; a barrier's batch_redundancy auto admits B p / (1 - p) extra groups
     filter_drop_rate: float = 0.0
@@ -162,7 +183,7 @@ class SimConfig:
             errors.append(f"env_latency: unknown {self.env_latency!r}; use one of {ENV_LATENCY}")
         if self.env_latency_s < 0:
             errors.append(f"env_latency_s: must be >= 0 s, got {self.env_latency_s}")
-        for name in ("reward_latency_s", "step_control_s"):
+        for name in ("reward_latency_s", "step_control_s", "route_s"):
             if getattr(self, name) < 0:
                 errors.append(f"{name}: a control cost must be >= 0 s, got {getattr(self, name)}")
         if not 0 <= self.filter_drop_rate < 1:

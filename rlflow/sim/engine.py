@@ -6,6 +6,10 @@ a + d*j seconds (Eq. 11 with kv growing linearly, d = k1*k5*n); x steps take the
 a*x + d*x*(x-1)/2, so the next completion or KV overflow is one quadratic away. Progress is kept
 as a real-valued step counter so that work can join mid-step (continuous batching, to within one step).
 
+A stepped engine (profile chunk_steps > 0: the hf engine, driven one call of up to chunk_steps decode iterations at
+a time) admits work only between calls: a trajectory routed mid-call waits for the call to end (all of its batch
+finished, or chunk_steps iterations run), as rlflow run's routes travel in an instance's next step call.
+
 Multi-turn episodes: a sample whose turn ends (not its last) leaves the running set, waits on its environment
 (`env`: no slot, no KV) and rejoins the waiting queue's tail as a continuation, re-prefilling prompt + generated
 as a resumed partial rollout does.
@@ -60,6 +64,8 @@ class Instance:
         self.joined_at = self.sim.now  # instance-seconds for idle ratios (elastic instances join and leave)
         self.left_at: float | None = None
         self.kv_prev: float | None = None  # KV units at the previous snapshot
+        self.chunk = profile.chunk_steps
+        self._call_end: float | None = None  # a stepped engine in a call: the progress at which the call ends
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -78,6 +84,7 @@ class Instance:
         return (
             self.accepting
             and not self.waiting
+            and self._call_end is None
             and len(self.running) < self.p.max_running
             and self.kv_tokens() + self.prompt_tokens <= self._limit
         )
@@ -116,12 +123,16 @@ class Instance:
         kv = self.kv_tokens()
         self._a = self.p.step_latency(self.p.k5 * kv, n)
         self._d = self.p.k1 * self.p.k5 * n
+        if self.chunk and self._call_end is None:  # a stepped engine's call starts with the batch it has now
+            self._call_end = self.progress + self.chunk
         heap = self._finish
         while heap and self.running.get(id(heap[0][2])) is not heap[0][2]:
             heapq.heappop(heap)
         x = max(0.0, heap[0][0] - self.progress)
         if n > 1:  # a lone trajectory always fits (config validation: prompt + cap <= budget)
             x = min(x, max(0.0, (self.p.kv_tokens - kv) / n))
+        if self._call_end is not None:
+            x = min(x, max(0.0, self._call_end - self.progress))
         self._target = self.progress + x
         t = self.t_seg + self._seconds(x)
         self.sim.schedule(t, self._on_wake, self._epoch)
@@ -149,6 +160,8 @@ class Instance:
                     self._to_env(sample)
         if self.kv_tokens() >= self.p.kv_tokens - 1e-6:
             self._preempt()
+        if self._call_end is not None and self.progress >= self._call_end - 1e-6:
+            self._call_end = None  # the call ended: what was routed meanwhile joins now
         self.admit_waiting()
         self.fleet.touch(self)
 
@@ -170,6 +183,8 @@ class Instance:
         self.sim.timeline.record(self.idx, self.sim.now, len(self.running))
 
     def admit_waiting(self) -> None:
+        if self._call_end is not None:
+            return  # mid-call: they join when it ends
         while self.waiting and len(self.running) < self.p.max_running:
             head = self.waiting[0]
             if self.kv_tokens() + head.prompt + head.generated > self._limit:
@@ -196,7 +211,8 @@ class Instance:
         """A routed sample: runs now if it fits and nothing waits, else joins the waiting queue's tail."""
         self.advance(self.sim.now)
         fits = self.kv_tokens() + sample.prompt + sample.generated <= self._limit
-        if not self.waiting and len(self.running) < self.p.max_running and (fits or not self.running):
+        if (not self.waiting and self._call_end is None and len(self.running) < self.p.max_running
+                and (fits or not self.running)):
             self.admit(sample)
         else:
             sample.where = self
@@ -230,6 +246,7 @@ class Instance:
         self._off -= sample.contrib
         if not self.running:
             self._off = 0.0  # shed float drift
+            self._call_end = None  # a stepped engine's call ends when its batch has finished
         self.sim.timeline.record(self.idx, self.sim.now, len(self.running))
 
     def _to_env(self, sample: Sample) -> None:

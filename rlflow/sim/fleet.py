@@ -46,6 +46,10 @@ class Fleet:
         self._blocked: dict[int, dict[int, Instance]] = {}  # weights version -> instances with room but no routable work
         self._blocked_epoch = -1
         self.pulls = 0
+        # an idle instance's work reaches it route_s after it could have (SimConfig.route_s, measured in a run: the
+        # driver's round trip before a stepped engine that reported idle decodes again): idx -> when it arrives
+        self.route_s = sim.cfg.route_s
+        self._route_at: dict[int, float] = {}
 
     def touch(self, inst: Instance) -> None:
         self._dirty[inst.idx] = inst
@@ -63,7 +67,7 @@ class Fleet:
             if not inst.accepting and inst.empty():
                 self._drained(inst)  # may pull and touch other instances too
         candidates.update(dirty)
-        ready = [(inst.load, inst.idx, inst) for inst in candidates.values() if inst.has_capacity()]
+        ready = [(inst.load, inst.idx, inst) for inst in candidates.values() if inst.has_capacity() and self._reached(inst)]
         heapq.heapify(ready)
         stage = self.stage
         while ready:
@@ -71,7 +75,9 @@ class Fleet:
             sample = sim.next_sample(inst.version, stage)
             if sample is None:
                 self._blocked.setdefault(inst.version, {})[idx] = inst
+                self._route_at.pop(idx, None)
                 continue
+            self._route_at.pop(idx, None)
             inst.admit(sample)
             dirty[idx] = inst
             if inst.has_capacity():
@@ -80,6 +86,22 @@ class Fleet:
         for inst in dirty.values():
             inst.plan()
         dirty.clear()
+
+    def _reached(self, inst: Instance) -> bool:
+        """May routing hand `inst` work now? An idle one only route_s after work for it appeared (scheduled here)."""
+        if not self.route_s or not inst.empty():
+            return True
+        at = self._route_at.get(inst.idx)
+        if at is not None:
+            return at <= self.sim.now
+        if not self.sim.can_route(inst.version, self.stage):
+            return True  # nothing to route: routing finds none and marks it blocked until the policy's state changes
+        self._route_at[inst.idx] = self.sim.now + self.route_s
+        self.sim.schedule(self.sim.now + self.route_s, self._route_arrives, inst)
+        return False
+
+    def _route_arrives(self, inst: Instance) -> None:
+        self.touch(inst)
 
     def _unblock(self, candidates: dict[int, Instance]) -> None:
         """Blocked instances whose weights version now has routable work become candidates again."""
@@ -210,34 +232,85 @@ class CoordinatedFleet(Fleet):
         self._rng = random.Random(cfg.seed)
         self._snaps: dict[int, InstanceSnapshot] = {}  # the last snapshot of each instance, reused while unchanged
         self._changed: set[int] = set()  # instances touched since their last snapshot
-        sim.schedule(0.0, self._on_cycle, None)
+        # when a cycle is due besides the period: the runtime's rule (rollout_coordinator.RolloutCoordinator.due)
+        self._idle_after_cycle: set[int] = set()  # instances the last cycle left without work
+        self._cycle_epoch = -1  # sim.state_epoch after the last cycle: a later one means the policy may admit more
+        self._poke_seen = -1  # the state_epoch whose idle instances were last checked
+        self._room_wait = False  # the last cycle left work in the TS for want of room: a cycle when room frees
+        self._early = False  # a cycle is scheduled now, ahead of the period
+        self._period = 0  # the periodic cycle's generation: a cycle (early or not) restarts the period
+        sim.schedule(0.0, self._on_cycle, 0)
 
     def touch(self, inst: Instance) -> None:
         self._dirty[inst.idx] = inst
         self._changed.add(inst.idx)
 
     def wake(self) -> None:
-        """Between cycles instances only replan (completions, preemptions); routing waits for the cycle."""
-        for inst in self._dirty.values():
+        """Between cycles instances only replan (completions, preemptions); routing waits for the next cycle, which is
+        at once when the runtime's coordinator would run one (_due)."""
+        touched = list(self._dirty.values())
+        for inst in touched:
             inst.plan()
         self._dirty.clear()
+        if not self._early and self._due(touched):
+            self._early = True
+            self.sim.schedule(self.sim.now + self._barrier(), self._on_cycle, None)
+
+    def _barrier(self) -> float:
+        """Seconds until an early cycle runs: the runtime's cycle waits for every instance to return from the engine
+        step it is in (rollout_fleet.coordinate holds until all have), about one decode step of the slowest, and its
+        commands reach the instances a round trip later (route_s). Without the wait, a simulated fleet of 512
+        instances ran a cycle at almost every completion: 3.6x the simulator's time (benchmarks/sim_speed.py)."""
+        step = max((inst._a for inst in self.instances if inst.running), default=0.0)
+        return self.route_s + step
+
+    def _due(self, touched: list[Instance]) -> bool:
+        """A cycle is due before its period, as `rlflow run`'s coordinator decides it (rollout_coordinator.due): an
+        instance that had work has run out of it; the policy's state changed while an instance is idle (a step
+        trained, a group was scored or filtered); the last cycle left work for want of room and an instance has some.
+        Without these rules an instance that drains waits out the period: with short responses the simulated engines
+        idled most of the time while the run's did not (tune_validation's laminar and streamrl points, issue 47)."""
+        touched = [inst for inst in touched if not inst.retired]
+        if any(inst.empty() and inst.idx not in self._idle_after_cycle for inst in touched):
+            return True
+        if self._room_wait and any(inst.has_capacity() for inst in touched):
+            return True
+        epoch = self.sim.state_epoch
+        if epoch != self._cycle_epoch and epoch != self._poke_seen:
+            self._poke_seen = epoch  # an instance drained since the last cycle was caught above when it was touched
+            instances = self.instances
+            return any(not instances[i].retired and instances[i].empty() for i in self._idle_after_cycle)
+        return False
 
     def publish(self, version: int) -> None:
         """The PS has a new version; the next cycle's synchronization strategy decides who pulls."""
 
-    def _on_cycle(self, _) -> None:
+    def _on_cycle(self, period) -> None:
+        """period: the periodic cycle's generation (a stale one, overtaken by an early cycle, does nothing); None: an
+        early cycle (_due)."""
         sim = self.sim
-        if sim._stop:
+        if sim._stop or (period is not None and period != self._period):
             return
+        self._early = False
         self._top_up()
-        snap = Snapshot([self._inst_snapshot(inst) for inst in self.serving], self.ts.trajs(), sim.weights)
+        serving = self.serving
+        roomy = any(inst.has_capacity() for inst in serving)  # before routing fills them
+        snap = Snapshot([self._inst_snapshot(inst) for inst in serving], self.ts.trajs(), sim.weights)
         self._changed.clear()
         lanes = self._lanes() if self.cfg.dispatch == "skew_aware" else None
         cmds = self.coord.cycle(snap, sim._verify, self._reserve, lanes, owned=True)
         for cmd in cmds or []:
             self._execute(cmd)
-        self.wake()
-        sim.schedule(sim.now + self.cfg.coordinator_interval_s, self._on_cycle, None)
+        touched = list(self._dirty.values())
+        for inst in touched:
+            inst.plan()
+        self._dirty.clear()
+        self._idle_after_cycle = {inst.idx for inst in serving if inst.empty()}
+        self._cycle_epoch = sim.state_epoch
+        routed = any(isinstance(cmd, Route) for cmd in cmds or [])
+        self._room_wait = len(self.ts) > 0 and (routed or not roomy)
+        self._period += 1
+        sim.schedule(sim.now + self.cfg.coordinator_interval_s, self._on_cycle, self._period)
 
     def _inst_snapshot(self, inst: Instance) -> InstanceSnapshot:
         """The instance as the coordinator sees it now; kv_prev becomes this snapshot's kv for the next one.

@@ -6,7 +6,9 @@ What the plan does not say (engine speed, trainer speed at scale) comes from fla
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from rlflow.operators.cost_profile import CostProfile
 from rlflow.operators.staleness_buffer import auto_redundancy
@@ -257,13 +259,20 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
             stages.append(StageSim(other, n, stage_lengths(w, other, stage), stage["group_size"], stage_prof.max_running))
             v_r += decode_rate(stage_prof, stage, control.batch_size, stages[-1].lengths, n, prompt_tokens)
         config_kw["stages"] = tuple(stages)
-    v_t = train_tokens_per_s or w["train_tokens_per_s"]
-    # no trainer speed stated: the profile's calibration run measured it, and the control costs beside it
+    # the trainer: a speed stated on the command line; else the profile's calibration run, which measured it and the
+    # control costs beside it on this machine (over the workload block's train_tokens_per_s, a guess written with
+    # the pipeline: streamrl's still beat the measured profile in tune_validation, issue 47); else the workload block
+    if measured is not None and not train_tokens_per_s and w["train_tokens_per_s"]:
+        notes.append(f"workload.train_tokens_per_s ({w['train_tokens_per_s']:g}) is not used: the profile measured the "
+                     "trainer (--train-tokens-per-s states a speed instead)")
+    v_t = train_tokens_per_s or (None if measured is not None else w["train_tokens_per_s"])
     from_run = v_t is None and measured is not None
     if from_run:
-        trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token)
+        trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token,
+                               s_per_micro_batch=measured.s_per_micro_batch, **micro_batching(plan, notes))
         notes.append(f"trainer from the profile's calibration run ({measured.pipeline}): {measured.base_s:.3f} s + "
-                     f"{measured.s_per_token * 1000:.3f} ms per trained token a step")
+                     f"{measured.s_per_micro_batch * 1000:.1f} ms per micro-batch + {measured.s_per_token * 1000:.3f} ms "
+                     f"per trained token a step, at {trainer.ranks} rank(s) of micro-batches of {trainer.micro_rows} rows")
     else:
         if v_t is None:
             v_t = v_r
@@ -274,6 +283,25 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     control_fields = (measured_control(measured, notes) if from_run and not control_costs
                       else control_cost_fields(control_costs, notes))
     return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
+
+
+def micro_batching(plan: Plan, notes: list[str]) -> dict:
+    """How the plan's trainer splits a batch (TrainerModel's ranks / micro_rows / micro_tokens), as rlflow run's
+    stages/batch_shards.py does: DeepSpeed's train_micro_batch_size_per_gpu rows (the train stage's micro_batch_size
+    over the config's), and with packing at most micro_batch_tokens tokens where the stage declares it."""
+    t = plan.trainer
+    kw = t.trainer_kwargs
+    rows = kw.get("micro_batch_size")
+    if rows is None and t.deepspeed:
+        try:
+            rows = json.loads(Path(t.deepspeed).read_text()).get("train_micro_batch_size_per_gpu")
+        except (OSError, ValueError):
+            rows = None
+    tokens = kw.get("micro_batch_tokens") if kw.get("packing") else None
+    if kw.get("packing") and tokens is None:
+        notes.append("packing: the row bound rlflow run derives from the model's shape (stages/packing.py "
+                     "row_token_bound) is not modelled; micro-batches counted by rows")
+    return {"ranks": t.replicas, "micro_rows": int(rows or 8), "micro_tokens": tokens}
 
 
 def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:
@@ -292,8 +320,9 @@ def measured_control(measured: MeasuredProfile, notes: list[str]) -> dict:
     """The control costs the profile's calibration run measured (instead of configs/control_costs/'s)."""
     notes.append(f"control costs from the profile's calibration run: {measured.reward_latency_s * 1000:.0f} ms from a "
                  f"group's last sample to scored, {measured.step_control_s * 1000:.0f} ms per train step outside trainer "
-                 "compute")
-    return {"reward_latency_s": measured.reward_latency_s, "step_control_s": measured.step_control_s}
+                 f"compute, {measured.route_s * 1000:.0f} ms before routed work reaches an idle engine")
+    return {"reward_latency_s": measured.reward_latency_s, "step_control_s": measured.step_control_s,
+            "route_s": measured.route_s}
 
 
 def measured_lengths(plan: Plan, measured: MeasuredProfile, w: dict, notes: list[str]) -> dict:

@@ -234,7 +234,7 @@ class Simulation:
             lengths.extend(group.lengths)
             tokens += sum(group.lengths) + self.cfg.prompt_tokens * len(group.lengths)
             groups.append(group)
-        compute = self.cfg.trainer.step_time(tokens)
+        compute = self.cfg.trainer.step_time(tokens, len(lengths))
         # the step's control hops (buffer -> trainer call, payload take, publish, result, weight dispatch and load)
         # hold the trainer, so the next step cannot start, and the new weights, so rollout waits on them; only
         # `compute` counts as trainer busy, as the run's step_time_s does
@@ -268,6 +268,7 @@ class Simulation:
         self._training = False
         self._steps_done += 1
         self.weights += 1
+        self.state_epoch += 1  # a new version: the policy may admit more (the runtime's coordinator is poked now)
         if self._steps_done == self.cfg.warmup_steps:
             self._in_window = True
             self._t_warm = self.now

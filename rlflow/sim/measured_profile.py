@@ -2,8 +2,10 @@
 decode cost, measured in a calibration run of the user's own pipeline on the user's own machine (issue 47).
 
     "measured_in_run": {"pipeline", "data_source", "max_new_tokens", "steps", "source"}
-    "trainer": {"base_s", "s_per_token"}                       seconds per train step = base_s + s_per_token * tokens
-    "control_costs": {"reward_latency_s", "step_control_s"}    the hops between actors (sim/control_costs.py's two)
+    "trainer": {"base_s", "s_per_token", "s_per_micro_batch"}  seconds per train step = base_s + s_per_token * tokens
+                                                               + s_per_micro_batch * micro-batches per rank
+    "control_costs": {"reward_latency_s", "step_control_s",   the hops between actors (sim/control_costs.py's two)
+                      "route_s"}                              and an idle engine's wait for routed work
     "filter_drop_rate": {"value"}                             share of scored groups the group filter dropped
     "workload": {"mean_length", "tailness", "prompt_share"}   the response lengths the run trained on
 
@@ -35,8 +37,10 @@ class MeasuredProfile:
     source: str
     base_s: float
     s_per_token: float
+    s_per_micro_batch: float
     reward_latency_s: float
     step_control_s: float
+    route_s: float
     filter_drop_rate: float
     workload: dict  # mean_length, tailness, prompt_share (floats)
 
@@ -55,8 +59,10 @@ class MeasuredProfile:
             return cls(path=path, pipeline=meta.get("pipeline", "?"), data_source=meta.get("data_source"),
                        max_new_tokens=meta.get("max_new_tokens"), source=meta.get("source", "not recorded"),
                        base_s=_value(trainer, "base_s"), s_per_token=_value(trainer, "s_per_token"),
+                       s_per_micro_batch=_value(trainer, "s_per_micro_batch") if "s_per_micro_batch" in trainer else 0.0,
                        reward_latency_s=_value(control, "reward_latency_s"),
                        step_control_s=_value(control, "step_control_s"),
+                       route_s=_value(control, "route_s") if "route_s" in control else 0.0,
                        filter_drop_rate=_value(raw, "filter_drop_rate"),
                        workload={k: _value(workload, k) for k in ("mean_length", "tailness", "prompt_share")})
         except (KeyError, TypeError, ValueError) as e:

@@ -26,7 +26,7 @@ def test_a_profile_measured_in_a_run_makes_the_next_run_forecast_itself(workdir)
     path = write(profile_doc(fit, plan=plan, command="test", engine="hf", model=plan.model["path"],
                              max_running=plan.pipeline["stages"]["rollout"]["max_running"]), workdir / "profile.json")
     assert CostProfile.load(path).k2 + CostProfile.load(path).k4 > 0
-    assert MeasuredProfile.load(path).s_per_token + MeasuredProfile.load(path).base_s > 0
+    assert MeasuredProfile.load(path).s_per_token + MeasuredProfile.load(path).s_per_micro_batch > 0
 
     lines = []
     run = run_plan(plan_for("quickstart", *STEPS, f"stages.rollout.coordinator.profile={path}"), log=lines.append)

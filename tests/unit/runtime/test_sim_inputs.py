@@ -25,6 +25,15 @@ def steady():
     return m
 
 
+def test_the_wait_before_an_idle_engine_gets_work_is_kept_past_the_warm_up_and_written():
+    m = SimInputs(warmup_steps=1)
+    m.routed_idle(0.5)  # the first step pays one-off costs: not a route delay
+    m.step_done({})
+    m.routed_idle(0.02)
+    m.routed_idle(0.04)
+    assert list(m.route_delay) == [0.02, 0.04] and m.as_json(0)["route_delay_s"] == [0.02, 0.04]
+
+
 def test_an_engine_step_is_one_sample_and_its_hop_counts_only_while_it_held_work():
     m = steady()
     m.engine_step("rollout", 0, snap(100, 0, 0), busy_s=0.0, pull_s=0.0, idle=False)

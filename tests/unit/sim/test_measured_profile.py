@@ -20,6 +20,7 @@ from rlflow.sim.measured_profile import MeasuredProfile
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "pipelines" / "quickstart.yaml"
 K2, K3, K4, HOP = 2e-3, 1e-4, 1e-3, 5e-4  # the law the synthetic engine steps follow
+MB_S, TOKEN_S = 0.05, 1e-3  # and the trainer's: seconds per micro-batch and per token
 
 
 def engine_rows(n_rows=200, seed=0):
@@ -32,10 +33,10 @@ def engine_rows(n_rows=200, seed=0):
     return rows
 
 
-def inputs(drop=0.25, steps=12):
+def inputs(drop=0.25, steps=12, spread=80):
     return {"engine_steps": {"rows": engine_rows()}, "reward_latency_s": [0.05, 0.06, 0.07],
-            "steps": [{"tokens": 400 + 40 * i, "step_time_s": 0.1 + 0.001 * (400 + 40 * i), "micro_batches": 1,
-                       "control_s": 0.03} for i in range(steps)],
+            "steps": [{"tokens": 200 + spread * i, "step_time_s": MB_S * (1 + i % 4) + TOKEN_S * (200 + spread * i),
+                       "micro_batches": 1 + i % 4, "control_s": 0.03} for i in range(steps)],
             "pull_s": [0.004, 0.005], "groups_scored": 100, "groups_filtered": int(100 * drop)}
 
 
@@ -49,7 +50,17 @@ def test_the_fit_recovers_the_engine_law_its_hop_and_the_trainer_line():
         assert engine["k1"] * n * 20 + max(engine["k2"], engine["k3"] * n) + engine["k4"] == pytest.approx(want, rel=0.08)
     assert engine["hop_s"] == pytest.approx(HOP)
     trainer = fit_trainer(inputs()["steps"])
-    assert trainer["base_s"] == pytest.approx(0.1, rel=0.01) and trainer["s_per_token"] == pytest.approx(0.001, rel=0.01)
+    assert trainer["s_per_micro_batch"] == pytest.approx(MB_S, rel=0.01)
+    assert trainer["s_per_token"] == pytest.approx(TOKEN_S, rel=0.01) and trainer["base_s"] == 0
+
+
+def test_steps_of_nearly_equal_tokens_fit_seconds_per_micro_batch_alone():
+    """A per-token cost fitted to a narrow spread of tokens is noise: the time goes to the micro-batches."""
+    steps = inputs(spread=2)["steps"]
+    trainer = fit_trainer(steps)
+    assert trainer["law"] == "micro_batches" and trainer["s_per_token"] == 0 and trainer["base_s"] == 0
+    total = sum(s["step_time_s"] for s in steps)
+    assert trainer["s_per_micro_batch"] * sum(s["micro_batches"] for s in steps) == pytest.approx(total)
 
 
 def test_a_run_too_short_to_fit_is_refused_saying_what_to_change():
@@ -71,7 +82,7 @@ def test_the_written_profile_reads_as_a_cost_profile_and_as_measured_sections(me
     cost = CostProfile.load(measured_file)
     assert cost.hop_s == pytest.approx(HOP) and cost.prefill_s_per_token == 0
     m = MeasuredProfile.load(measured_file)
-    assert m.filter_drop_rate == 0.25 and m.base_s == pytest.approx(0.1, rel=0.01)
+    assert m.filter_drop_rate == 0.25 and m.s_per_micro_batch == pytest.approx(MB_S, rel=0.01)
     assert m.step_control_s == pytest.approx(0.03) and m.reward_latency_s == pytest.approx(0.06)
     assert m.same_workload("builtin:repeat", 48) and not m.same_workload("builtin:arith", 48)
     assert MeasuredProfile.load(ROOT / "configs" / "profiles" / "tiny-llama-hf.json") is None  # not measured in a run
@@ -80,7 +91,13 @@ def test_the_written_profile_reads_as_a_cost_profile_and_as_measured_sections(me
 def test_the_simulator_takes_every_input_from_a_measured_profile_and_says_so(measured_file):
     plan = api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}"])
     config, notes = sim_config(plan, steps=20)
-    assert config.trainer.base_s == pytest.approx(0.1, rel=0.01)
+    assert config.trainer.s_per_micro_batch == pytest.approx(MB_S, rel=0.01)
+    # the plan's micro-batching (zero1.json: 8 rows per micro-batch, one rank): 32 rows are 4 micro-batches, and a
+    # second rank halves each rank's share
+    assert config.trainer.micro_batches(32, 100) == 4
+    two = sim_config(api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}",
+                                              "stages.train.replicas=2"]), steps=20)[0]
+    assert two.trainer.micro_batches(32, 100) == 2
     assert config.step_control_s == pytest.approx(0.03) and config.filter_drop_rate == 0.25
     assert config.lengths.mean == 6.0 and config.lengths.tailness == 40.0
     assert config.profile.hop_s == pytest.approx(HOP)
@@ -126,3 +143,45 @@ def test_the_validation_script_sets_no_simulator_input():
     assert len(grid) >= 12
     for _, _, sets in grid.values():
         assert not any(s.startswith("workload") or ".coordinator." in s for s in sets)
+
+
+def _rollout_bound(prof, **kw):
+    return SimConfig(mode="cost_model", instances=1, profile=prof, group_size=4, batch_groups=4, policy="staleflow",
+                     eta=2, trainer=TrainerModel(t_step=0.001), steps=40, warmup_steps=5, seed=1,
+                     **{"lengths": LengthSpec(kind="lognormal", mean=10, tailness=60, cap=64), **kw})
+
+
+def test_a_stepped_engine_admits_work_only_between_its_calls():
+    """hf's engine runs calls of up to chunk_size iterations; a slot freed mid-call stays empty until the call ends
+    (rlflow run's routes travel in the next call), so short responses beside long ones waste decode slots."""
+    prof = CostProfile(name="t", k1=0.0, k2=0.01, k3=0.0, k4=0.0, k5=1.0, kv_budget=1e6, max_running=4,
+                       prefill_s_per_token=0.0, pull_s=0.0)
+    continuous = simulate(_rollout_bound(prof))
+    per_iteration = simulate(_rollout_bound(replace(prof, chunk_steps=1)))
+    chunked = simulate(_rollout_bound(replace(prof, chunk_steps=16)))
+    assert per_iteration.trained_tokens_per_s == pytest.approx(continuous.trained_tokens_per_s, rel=0.1)
+    assert chunked.trained_tokens_per_s < 0.8 * continuous.trained_tokens_per_s
+
+
+def test_a_coordinated_fleet_routes_a_drained_instance_without_waiting_out_the_period():
+    """rlflow run's coordinator runs a cycle as soon as an instance runs out of work (rollout_coordinator.due); the
+    simulated one does too, so a long period does not idle engines whose work is short."""
+    prof = CostProfile(name="t", k1=0.0, k2=0.01, k3=0.0, k4=0.0, k5=1.0, kv_budget=1e6, max_running=16,
+                       prefill_s_per_token=0.0, pull_s=0.0)
+    fixed = {"lengths": LengthSpec(kind="fixed", mean=10)}
+    short, long = (simulate(_rollout_bound(prof, coordinator=True, coordinator_interval_s=s, **fixed)) for s in (0.01, 5.0))
+    assert long.trained_tokens_per_s == pytest.approx(short.trained_tokens_per_s, rel=0.15)
+    assert long.rollout_idle_ratio < 0.3
+
+
+@pytest.mark.parametrize("coordinator", [False, True])
+def test_work_reaches_an_idle_engine_route_s_late_and_the_wait_counts_idle(coordinator):
+    """A run's driver needs a round trip before an engine that reported idle decodes again (route_s, measured);
+    each time an engine waits for admission it pays it, and the simulator counts it idle, as the run does."""
+    prof = CostProfile(name="t", k1=0.0, k2=0.01, k3=0.0, k4=0.0, k5=1.0, kv_budget=1e6, max_running=16,
+                       prefill_s_per_token=0.0, pull_s=0.0)
+    base = replace(_rollout_bound(prof, lengths=LengthSpec(kind="fixed", mean=10), coordinator=coordinator), eta=0,
+                   policy="synchronous")
+    now, late = simulate(base), simulate(replace(base, route_s=0.05))
+    assert late.rollout_idle_ratio > now.rollout_idle_ratio + 0.1
+    assert late.trained_tokens_per_s < 0.85 * now.trained_tokens_per_s
