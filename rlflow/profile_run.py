@@ -138,6 +138,7 @@ def profile_doc(fit: dict, *, plan, command: str, engine: str, model: str, max_r
         "fit": {"crossover": e["crossover"], "r2": e["r2"]},
         "measured_in_run": {"pipeline": plan.name, "data_source": plan.pipeline["data"]["source"],
                             "max_new_tokens": rollout["max_new_tokens"], "steps": plan.trainer.steps,
+                            "trainer_ranks": plan.trainer.replicas, "rollout_instances": len(plan.rollouts()),
                             "source": f"{when}, {machine()}"},
         "trainer": {"base_s": {"value": 0.0, "from": f"{how}: not separable from the per-micro-batch cost (every step ran "
                                                   "about the same micro-batches)"},

@@ -270,6 +270,7 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     if from_run:
         trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token,
                                s_per_micro_batch=measured.s_per_micro_batch, **micro_batching(plan, notes))
+        layout_notes(plan, measured, notes)
         notes.append(f"trainer from the profile's calibration run ({measured.pipeline}): {measured.base_s:.3f} s + "
                      f"{measured.s_per_micro_batch * 1000:.1f} ms per micro-batch + {measured.s_per_token * 1000:.3f} ms "
                      f"per trained token a step, at {trainer.ranks} rank(s) of micro-batches of {trainer.micro_rows} rows")
@@ -297,11 +298,24 @@ def micro_batching(plan: Plan, notes: list[str]) -> dict:
             rows = json.loads(Path(t.deepspeed).read_text()).get("train_micro_batch_size_per_gpu")
         except (OSError, ValueError):
             rows = None
+    # with packing and no micro_batch_tokens, rlflow run bounds a packed row by the model's shape (stages/packing.py
+    # row_token_bound); not modelled: micro-batches are counted by rows (the bound did not bind in the quickstart's
+    # calibration runs: 16 micro-batches of 8 rows a step)
     tokens = kw.get("micro_batch_tokens") if kw.get("packing") else None
-    if kw.get("packing") and tokens is None:
-        notes.append("packing: the row bound rlflow run derives from the model's shape (stages/packing.py "
-                     "row_token_bound) is not modelled; micro-batches counted by rows")
     return {"ranks": t.replicas, "micro_rows": int(rows or 8), "micro_tokens": tokens}
+
+
+def layout_notes(plan: Plan, measured: MeasuredProfile, notes: list[str]) -> None:
+    """A profile is measured at one layout: a plan with more trainer ranks or rollout instances on the same machine
+    shares its cores differently, which the profile did not measure (tune_validation: 2 ranks or 2 instances on 2
+    cores ran 30-40% slower than the 1-rank, 1-instance profile predicts)."""
+    ranks, instances = plan.trainer.replicas, len(plan.rollouts())
+    if measured.trainer_ranks is not None and ranks != measured.trainer_ranks:
+        notes.append(f"the trainer was measured at {measured.trainer_ranks} rank(s); this plan trains on {ranks}: its "
+                     "cost per micro-batch at this layout is not measured (profile this layout)")
+    if measured.rollout_instances is not None and instances != measured.rollout_instances:
+        notes.append(f"the engine was measured as {measured.rollout_instances} instance(s); this plan runs {instances}: "
+                     "their decode cost sharing this machine is not measured (profile this layout)")
 
 
 def control_cost_fields(control_costs: str | None, notes: list[str]) -> dict:

@@ -43,6 +43,8 @@ class MeasuredProfile:
     route_s: float
     filter_drop_rate: float
     workload: dict  # mean_length, tailness, prompt_share (floats)
+    trainer_ranks: int | None = None  # the calibration run's layout (None: not recorded)
+    rollout_instances: int | None = None
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> MeasuredProfile | None:
@@ -64,7 +66,8 @@ class MeasuredProfile:
                        step_control_s=_value(control, "step_control_s"),
                        route_s=_value(control, "route_s") if "route_s" in control else 0.0,
                        filter_drop_rate=_value(raw, "filter_drop_rate"),
-                       workload={k: _value(workload, k) for k in ("mean_length", "tailness", "prompt_share")})
+                       workload={k: _value(workload, k) for k in ("mean_length", "tailness", "prompt_share")},
+                       trainer_ranks=meta.get("trainer_ranks"), rollout_instances=meta.get("rollout_instances"))
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"profile {path}: its measured_in_run sections are incomplete ({type(e).__name__}: {e}); "
                                "measure it again with rlflow profile PIPELINE") from None

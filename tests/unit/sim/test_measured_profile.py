@@ -95,9 +95,12 @@ def test_the_simulator_takes_every_input_from_a_measured_profile_and_says_so(mea
     # the plan's micro-batching (zero1.json: 8 rows per micro-batch, one rank): 32 rows are 4 micro-batches, and a
     # second rank halves each rank's share
     assert config.trainer.micro_batches(32, 100) == 4
-    two = sim_config(api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}",
-                                              "stages.train.replicas=2"]), steps=20)[0]
+    two, two_notes = sim_config(api.as_plan(QUICKSTART, [f"stages.rollout.coordinator.profile={measured_file}",
+                                                         "stages.train.replicas=2"]), steps=20)
     assert two.trainer.micro_batches(32, 100) == 2
+    # ... and says that a profile of one rank does not measure two sharing the machine
+    assert any("measured at 1 rank(s); this plan trains on 2" in n for n in two_notes)
+    assert not any("this plan trains on" in n for n in notes)
     assert config.step_control_s == pytest.approx(0.03) and config.filter_drop_rate == 0.25
     assert config.lengths.mean == 6.0 and config.lengths.tailness == 40.0
     assert config.profile.hop_s == pytest.approx(HOP)
