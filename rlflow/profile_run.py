@@ -140,7 +140,7 @@ def profile_doc(fit: dict, *, plan, command: str, engine: str, model: str, max_r
                             "max_new_tokens": rollout["max_new_tokens"], "steps": plan.trainer.steps,
                             "trainer_ranks": plan.trainer.replicas, "rollout_instances": len(plan.rollouts()),
                             "source": f"{when}, {machine()}"},
-        "trainer": {"base_s": {"value": 0.0, "from": f"{how}: not separable from the per-micro-batch cost (every step ran "
+        "trainer": {"base_s": {"value": tr["base_s"], "from": f"{how}: not separable from the per-micro-batch cost (every step ran "
                                                   "about the same micro-batches)"},
                     "s_per_micro_batch": {"value": tr["s_per_micro_batch"],
                                           "from": f"{how}: least squares over {tr['steps']} steps"},

@@ -73,11 +73,10 @@ class Fleet:
         while ready:
             load, idx, inst = heapq.heappop(ready)
             sample = sim.next_sample(inst.version, stage)
+            self._route_at.pop(idx, None)  # its wait for routed work is over, with work or blocked
             if sample is None:
                 self._blocked.setdefault(inst.version, {})[idx] = inst
-                self._route_at.pop(idx, None)
                 continue
-            self._route_at.pop(idx, None)
             inst.admit(sample)
             dirty[idx] = inst
             if inst.has_capacity():
@@ -248,13 +247,18 @@ class CoordinatedFleet(Fleet):
     def wake(self) -> None:
         """Between cycles instances only replan (completions, preemptions); routing waits for the next cycle, which is
         at once when the runtime's coordinator would run one (_due)."""
+        touched = self._replan()
+        if not self._early and self._due(touched):
+            self._early = True
+            self.sim.schedule(self.sim.now + self._barrier(), self._on_cycle, None)
+
+    def _replan(self) -> list[Instance]:
+        """Replan every instance touched since the last call; returns them."""
         touched = list(self._dirty.values())
         for inst in touched:
             inst.plan()
         self._dirty.clear()
-        if not self._early and self._due(touched):
-            self._early = True
-            self.sim.schedule(self.sim.now + self._barrier(), self._on_cycle, None)
+        return touched
 
     def _barrier(self) -> float:
         """Seconds until an early cycle runs: the runtime's cycle waits for every instance to return from the engine
@@ -301,10 +305,7 @@ class CoordinatedFleet(Fleet):
         cmds = self.coord.cycle(snap, sim._verify, self._reserve, lanes, owned=True)
         for cmd in cmds or []:
             self._execute(cmd)
-        touched = list(self._dirty.values())
-        for inst in touched:
-            inst.plan()
-        self._dirty.clear()
+        self._replan()
         self._idle_after_cycle = {inst.idx for inst in serving if inst.empty()}
         self._cycle_epoch = sim.state_epoch
         routed = any(isinstance(cmd, Route) for cmd in cmds or [])

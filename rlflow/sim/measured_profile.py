@@ -1,7 +1,8 @@
 """The sections `rlflow profile PIPELINE` adds to a cost-model profile: what the simulator needs besides the engine's
 decode cost, measured in a calibration run of the user's own pipeline on the user's own machine (issue 47).
 
-    "measured_in_run": {"pipeline", "data_source", "max_new_tokens", "steps", "source"}
+    "measured_in_run": {"pipeline", "data_source", "max_new_tokens", "steps", "source",
+                        "trainer_ranks", "rollout_instances"}  the calibration run: its workload and its layout
     "trainer": {"base_s", "s_per_token", "s_per_micro_batch"}  seconds per train step = base_s + s_per_token * tokens
                                                                + s_per_micro_batch * micro-batches per rank
     "control_costs": {"reward_latency_s", "step_control_s",   the hops between actors (sim/control_costs.py's two)
