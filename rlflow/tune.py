@@ -43,8 +43,10 @@ The choice, the overrides that apply it and the table are rlflow/tune_report.py.
 
 The simulations of a step are independent: `jobs` > 1 runs them in that many worker processes.
 
-What the plan and profile do not say is an assumption, returned as a note: the trainer's tokens/s per GPU
-(default: the value that balances an even split, rho = 1 at R = N/2), linear scaling of training with GPUs.
+The trainer: a profile `rlflow profile` measured (a calibration run's seconds per micro-batch and per token) is
+simulated at one rank per train GPU of each split, splitting batches as the plan does (sim/from_plan.py
+measured_trainer). Otherwise what the plan and profile do not say is an assumption, returned as a note: the trainer's
+tokens/s per GPU (default: the value that balances an even split, rho = 1 at R = N/2), linear scaling with GPUs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlflow.plan_model import Plan, Staleness
+from rlflow.sim.lengths import expected_length
+from rlflow.sim.measured_profile import MeasuredProfile
 
 QUEUE_KINDS = ("queue_drop", "queue_max")
 FIXED_KINDS = ("synchronous", "one_step", "unbounded")  # no staleness knob to tune
@@ -81,7 +85,8 @@ class Candidate:
     knob: int | None  # eta, or queue capacity in groups; None: the policy has none
     rho: float = 0.0  # closed-form v_R / v_T, rollout at full load
     bound: float = 0.0  # closed-form upper bound on trained tokens/s: min(v_R at full load, v_T)
-    train_tokens_per_s: float = 0.0  # the trainer speed simulated: train GPUs x tokens/s per GPU
+    train_tokens_per_s: float = 0.0  # the trainer's tokens/s: train GPUs x tokens/s per GPU, or the measured trainer's
+    measured_trainer: bool = False  # simulate the profile's measured trainer at train_gpus ranks (not a stated speed)
     shipped: bool = False  # the plan's own knob at an even split (the baseline)
     batch: int | None = None  # groups per training step; None: the plan's
     result: dict = field(default_factory=dict)  # simulated: tokens_per_s, mean/max staleness, idle ratios
@@ -136,6 +141,7 @@ def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None =
     from rlflow.sim.from_plan import (
         ONE_STAGE_RULE,
         decode_rate,
+        measured_trainer,
         not_simulable,
         plan_profiles,
         plan_rollouts,
@@ -174,7 +180,19 @@ def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None =
     batches = sorted({own_batch, *(batch_sizes or [])})
     if min(batches) < 1:
         raise TuneArgError("--batch-sizes", f"a batch is at least 1 group, got {min(batches)}")
-    if train_tokens_per_gpu is None:
+    measured = MeasuredProfile.load(profile) if profile and train_tokens_per_gpu is None else None
+    group_size, mean_length = rollouts[0][1]["group_size"], expected_length(lengths[0])
+
+    def measured_speed(train_gpus: int, batch: int) -> float:
+        """The measured trainer's tokens/s on a batch of mean-length responses, one rank per train GPU."""
+        trainer = measured_trainer(plan, measured, train_gpus)
+        rows = batch * group_size
+        return rows * mean_length / trainer.step_time(rows * mean_length, rows)
+
+    if measured is not None:
+        notes.append(f"trainer from the profile's calibration run ({measured.pipeline}, {measured.trainer_ranks or 1} "
+                     "rank(s)): one rank per train GPU, each rank's seconds per micro-batch as measured")
+    elif train_tokens_per_gpu is None:
         half = max(len(rollouts), gpus // (2 * g))
         train_tokens_per_gpu = v_r(_divide(half, replicas), own_batch) / max(1, gpus - half * g)
         notes.append(f"trainer speed per GPU assumed {train_tokens_per_gpu:,.0f} tokens/s (balances an even split; "
@@ -189,8 +207,8 @@ def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None =
         shares = _divide(k, replicas)
         stages = stages or shares
         r, t = k * g, gpus - k * g
-        vr, vt = v_r(stages, b), t * train_tokens_per_gpu
-        return Candidate(r, t, k, knob, vr / vt, min(vr, vt), vt,
+        vr, vt = v_r(stages, b), (measured_speed(t, b) if measured else t * train_tokens_per_gpu)
+        return Candidate(r, t, k, knob, vr / vt, min(vr, vt), vt, measured_trainer=measured is not None,
                          shipped=(r, t) == even and knob == _own(control) and b == own_batch and stages == shares,
                          batch=None if b == own_batch else b,
                          stages=stages if len(rollouts) > 1 else ())
@@ -216,7 +234,8 @@ def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None =
                 counts["reused"] += 1
                 keep(c, n, s, r)
         args = [(plan, name, c.knob, dict(zip(names, c.stages)) if c.stages else c.instances, profile,
-                 c.train_tokens_per_s, n, s, c.batch) for c, n, s in todo]
+                 None if c.measured_trainer else c.train_tokens_per_s, n, s, c.batch,
+                 c.train_gpus if c.measured_trainer else None) for c, n, s in todo]
         for (c, n, s), r in zip(todo, workers.map(args)):
             counts["simulated"] += 1
             if name == "capacity" and r["peak_queued"] <= c.knob:
@@ -382,9 +401,11 @@ def too_loose(c: Candidate, shipped: Candidate, name: str | None) -> bool:
             and c.rollout_gpus != shipped.rollout_gpus)
 
 
-def simulate_point(plan: Plan | dict, name: str | None, knob, instances: int, profile: str, train_tokens_per_s: float,
-                    steps: int, seed: int, batch: int | None = None) -> dict:
-    """One candidate simulated (a module-level function, so worker processes can run it)."""
+def simulate_point(plan: Plan | dict, name: str | None, knob, instances: int, profile: str,
+                   train_tokens_per_s: float | None, steps: int, seed: int, batch: int | None = None,
+                   train_ranks: int | None = None) -> dict:
+    """One candidate simulated (a module-level function, so worker processes can run it). train_tokens_per_s None:
+    the profile's measured trainer, at train_ranks ranks."""
     from rlflow.sim import simulate
     from rlflow.sim.from_plan import sim_config
     from rlflow.sim.loop import build_policy
@@ -395,7 +416,7 @@ def simulate_point(plan: Plan | dict, name: str | None, knob, instances: int, pr
     if batch is not None:
         p["control"]["staleness"]["batch_size"] = batch
     config, _ = sim_config(Plan.of(p), steps=steps, mode="cost_model", instances=instances, profile=profile,
-                           train_tokens_per_s=train_tokens_per_s, seed=seed)
+                           train_tokens_per_s=train_tokens_per_s, seed=seed, trainer_ranks=train_ranks)
     policy = build_policy(config)  # ours, to read its peak queue after the run
     r = simulate(config, policy)
     return {"tokens_per_s": r.trained_tokens_per_s, "mean_staleness": r.mean_staleness,

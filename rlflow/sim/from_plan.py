@@ -183,9 +183,11 @@ def decode_rate(prof: CostProfile, rollout: dict, batch_groups: int, lengths: Le
 
 def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instances: int | dict[str, int] | None = None,
                profile: str | None = None, train_tokens_per_s: float | None = None, prompt_tokens: int = 0,
-               seed: int | None = None, scale: tuple = (), control_costs: str | None = None) -> tuple[SimConfig, list[str]]:
+               seed: int | None = None, scale: tuple = (), control_costs: str | None = None,
+               trainer_ranks: int | None = None) -> tuple[SimConfig, list[str]]:
     """The simulation of `plan`, and notes on what was assumed. instances: an int (single-stage plans), or rollout
-    stage name -> instances; default each stage's replicas. scale: ((after_step, instances), ...), what `rlflow
+    stage name -> instances; default each stage's replicas. trainer_ranks: the trainer's ranks (default the plan's;
+    `rlflow tune` trains one per GPU of a split), for a trainer a measured profile gives. scale: ((after_step, instances), ...), what `rlflow
     scale` would ask of an elastic stage during the run. Several rollout stages: one fleet each (cost_model mode).
     control_costs: a control-costs file (path, or name in configs/control_costs/), None for the shipped one, 'none'
     for instant hand-offs between actors."""
@@ -268,9 +270,8 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     v_t = train_tokens_per_s or (None if measured is not None else w["train_tokens_per_s"])
     from_run = v_t is None and measured is not None
     if from_run:
-        trainer = TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token,
-                               s_per_micro_batch=measured.s_per_micro_batch, **micro_batching(plan, notes))
-        layout_notes(plan, measured, notes)
+        trainer = measured_trainer(plan, measured, trainer_ranks)
+        layout_notes(plan, measured, notes, trainer.ranks)
         notes.append(f"trainer from the profile's calibration run ({measured.pipeline}): {measured.base_s:.3f} s + "
                      f"{measured.s_per_micro_batch * 1000:.1f} ms per micro-batch + {measured.s_per_token * 1000:.3f} ms "
                      f"per trained token a step, at {trainer.ranks} rank(s) of micro-batches of {trainer.micro_rows} rows")
@@ -286,7 +287,7 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
     return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
 
 
-def micro_batching(plan: Plan, notes: list[str]) -> dict:
+def micro_batching(plan: Plan) -> dict:
     """How the plan's trainer splits a batch (TrainerModel's ranks / micro_rows / micro_tokens), as rlflow run's
     stages/batch_shards.py does: DeepSpeed's train_micro_batch_size_per_gpu rows (the train stage's micro_batch_size
     over the config's), and with packing at most micro_batch_tokens tokens where the stage declares it."""
@@ -305,11 +306,21 @@ def micro_batching(plan: Plan, notes: list[str]) -> dict:
     return {"ranks": t.replicas, "micro_rows": int(rows or 8), "micro_tokens": tokens}
 
 
-def layout_notes(plan: Plan, measured: MeasuredProfile, notes: list[str]) -> None:
+def measured_trainer(plan: Plan, measured: MeasuredProfile, ranks: int | None = None) -> TrainerModel:
+    """The trainer the profile's calibration run measured, splitting the plan's batches as the plan does, at `ranks`
+    ranks (default the plan's)."""
+    split = micro_batching(plan)
+    if ranks is not None:
+        split["ranks"] = ranks
+    return TrainerModel(base_s=measured.base_s, s_per_token=measured.s_per_token,
+                        s_per_micro_batch=measured.s_per_micro_batch, **split)
+
+
+def layout_notes(plan: Plan, measured: MeasuredProfile, notes: list[str], ranks: int | None = None) -> None:
     """A profile is measured at one layout: a plan with more trainer ranks or rollout instances on the same machine
     shares its cores differently, which the profile did not measure (tune_validation: 2 ranks or 2 instances on 2
     cores ran 30-40% slower than the 1-rank, 1-instance profile predicts)."""
-    ranks, instances = plan.trainer.replicas, len(plan.rollouts())
+    ranks, instances = ranks or plan.trainer.replicas, len(plan.rollouts())
     if measured.trainer_ranks is not None and ranks != measured.trainer_ranks:
         notes.append(f"the trainer was measured at {measured.trainer_ranks} rank(s); this plan trains on {ranks}: its "
                      "cost per micro-batch at this layout is not measured (profile this layout)")

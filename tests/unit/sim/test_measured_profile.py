@@ -188,3 +188,23 @@ def test_work_reaches_an_idle_engine_route_s_late_and_the_wait_counts_idle(coord
     now, late = simulate(base), simulate(replace(base, route_s=0.05))
     assert late.rollout_idle_ratio > now.rollout_idle_ratio + 0.1
     assert late.trained_tokens_per_s < 0.85 * now.trained_tokens_per_s
+
+
+def test_the_tuner_simulates_a_measured_trainer_at_one_rank_per_train_gpu(measured_file):
+    """`rlflow tune` with a measured profile states no trainer speed: each split's trainer is the calibration run's,
+    at as many ranks as it has train GPUs (4 GPUs: 1, 2 or 3 ranks); more ranks share a batch's micro-batches."""
+    from rlflow.tune import simulate_point, tune
+
+    plan = api.as_plan(QUICKSTART, ["stages.train.steps=8"])
+    candidates, notes = tune(plan, gpus=4, steps=8, profile=str(measured_file), progress=lambda *a: None)
+    assert not any("trainer speed per GPU assumed" in n for n in notes)
+    assert any("one rank per train GPU" in n for n in notes)
+    assert all(c.measured_trainer for c in candidates)
+    by_split = {}
+    for c in candidates:
+        by_split.setdefault(c.train_gpus, c.train_tokens_per_s)
+    assert sorted(by_split) == [1, 2, 3]
+    assert by_split[1] < by_split[2] < by_split[3]  # the bound's trainer: fewer micro-batches per rank
+    one = simulate_point(plan, "eta", 1, 1, str(measured_file), None, 8, 0, train_ranks=1)
+    three = simulate_point(plan, "eta", 1, 1, str(measured_file), None, 8, 0, train_ranks=3)
+    assert three["trainer_idle"] > one["trainer_idle"]  # the same rollout feeds a faster trainer
