@@ -68,6 +68,9 @@ def _shipped(ref: str) -> list[Path]:
 def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
     """Multi-turn settings of a rollout stage (rlflow/runtime/episodes.py): an environment, reached by stop strings;
     or tools in chat form (rlflow/tool_checks.py)."""
+    if stage.agent is not None:
+        _check_agent(stage, loc, problems)
+        return
     check_tool_stage(stage, loc, problems)
     if stage.env is None and stage.tools:
         _check_turn_budget(stage, loc, problems)
@@ -97,6 +100,46 @@ def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
                                 "ends before the environment's observation is ever read", "env-needs-turns",
                                 "set max_turns to 2 or more (a tool call and the answer after it)"))
     _check_turn_budget(stage, loc, problems)
+
+
+def _check_agent(stage, loc: tuple, problems: list[Problem]) -> None:
+    """An agent stage (rlflow/runtime/agent_gateway.py): an async function or a command found here, and nothing that
+    would drive the conversation besides it."""
+    import inspect
+    import shutil
+
+    from rlflow.stages.tool_parsers import PARSERS
+
+    loc = loc + ("agent",)
+    spec = {"fn": stage.agent} if isinstance(stage.agent, str) else stage.agent.model_dump(exclude_none=True)
+    if stage.env is not None or stage.tools:
+        problems.append(Problem(loc, "agent and " + ("env" if stage.env is not None else "tools") + " are both set: the "
+                                "agent's program drives the conversation (its tools run in the agent)",
+                                "agent-with-env-or-tools", "keep the agent, or the env / tools, not both"))
+    if ("fn" in spec) == ("command" in spec):
+        problems.append(Problem(loc, "an agent is a function (fn) or a command, one of them", "bad-agent",
+                                "agent: package.module:function, or agent: {command: [python, my_agent.py]}"))
+        return
+    if "command" in spec:
+        if shutil.which(spec["command"][0]) is None:
+            problems.append(Problem(loc + ("command",), f"the agent's program {spec['command'][0]!r} is not found on PATH",
+                                    "agent-command-not-found", "give its full path, or install it"))
+    else:
+        try:
+            fn = registry._import(spec["fn"])
+        except registry.ComponentError as e:
+            problems.append(Problem(loc, f"agent {spec['fn']!r}: {e}", "bad-agent", "name an async function "
+                                    "package.module:function importable beside the pipeline"))
+            return
+        if not inspect.iscoroutinefunction(fn):
+            problems.append(Problem(loc, f"agent {spec['fn']!r} is not an async function: many episodes run at once on "
+                                    "one event loop, and a blocking call would stall them all", "agent-not-async",
+                                    "write it as async def fn(row, base_url, episode_id) with openai.AsyncOpenAI, or "
+                                    "run it as a command: agent: {command: [...]}"))
+    if stage.tool_parser is not None and stage.tool_parser not in PARSERS:
+        problems.append(Problem(loc[:-1] + ("tool_parser",), f"unknown tool_parser {stage.tool_parser!r}", "bad-tool-parser",
+                                f"use one of {', '.join(PARSERS)}"))
+    _check_turn_budget(stage, loc[:-1], problems)
 
 
 def _check_turn_budget(stage, loc: tuple, problems: list[Problem]) -> None:
@@ -164,6 +207,10 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                 problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
                                         "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
             _check_episodes(stage, loc, problems)
+            if stage.agent is not None and spec.data.eval is not None:
+                problems.append(Problem(("data", "eval"), f"rollout stage {name} runs an agent, and evaluating agent "
+                                        "episodes is not built yet (the evaluator has no endpoint)", "agent-eval-not-built",
+                                        "remove data.eval; judge the agent by its training rewards in MLflow"))
         elif stage.kind == "reward":  # fn, model, judge, http or scorers (rlflow/reward_scorers.py)
             check_reward_stage(spec, name, stage, base_dir, problems, component, resolve_path)
         elif stage.kind == "train":

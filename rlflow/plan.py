@@ -99,6 +99,12 @@ def _episode(spec: Pipeline, name: str, tasks: dict[str, dict]) -> dict:
     """A multi-turn rollout stage's episode settings (rlflow/runtime/episodes.py; with tools, chat_episodes.py);
     nothing for single-turn ones."""
     stage = spec.stages[name]
+    if stage.agent is not None:  # agents: the conversation is theirs, through the endpoint (runtime/agent_gateway.py)
+        agent = {"fn": stage.agent} if isinstance(stage.agent, str) else stage.agent.model_dump(exclude_none=True)
+        agent.setdefault("timeout_s", 600.0)
+        return {"episode": {"env": None, "agent": agent, "tool_parser": stage.tool_parser, "max_turns": stage.max_turns,
+                            "timeout_s": agent["timeout_s"], "chat_template": tiny_template(spec),
+                            "model_name": spec.model.path}}
     if stage.tools:  # chat form: the system prompt of each task it serves that has one goes into its conversation
         system = {t: route["system_prompt"] for t, route in tasks.items()
                   if route["rollout"] == name and route.get("system_prompt") is not None}

@@ -239,6 +239,19 @@ class ElasticSpec(Strict):
     """Seconds an added instance may take to be placed and load its engine; after that it is given up, logged."""
 
 
+class AgentSpec(Strict):
+    """An agent program that rolls out through the run's OpenAI-compatible endpoint (docs/guides/agents.md)."""
+
+    fn: str | None = None
+    """`package.module:function`: an async function (row, base_url, episode_id) -> what the reward function reads
+    as row["agent"]."""
+    command: list[Annotated[str, Field(min_length=1)]] | None = None
+    """A program run once per episode, given OPENAI_BASE_URL, RLFLOW_EPISODE_ID and RLFLOW_TASK (the row, JSON) in its
+    environment; its last line of stdout (JSON) is its result."""
+    timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Seconds an episode's agent may run; past it the trajectory fails (agent-timeout) and the run goes on."""
+
+
 class RolloutStage(Strict):
     """Generates groups of completions with the current (or a bounded-stale) policy."""
 
@@ -279,8 +292,14 @@ class RolloutStage(Strict):
     or `builtin:calculator` (its signature and docstring give the schema), or an OpenAI function schema with `fn`,
     the import string of the function that runs it. The conversation is the model's chat template with the schemas;
     each turn's calls run and their results come back as `tool` messages (not trained). docs/guides/tool-calling.md"""
+    agent: str | AgentSpec | None = None
+    """Multi-turn episodes driven by an agent program written against the OpenAI client (instead of `env` / `tools`):
+    an import string of an async function, or {fn | command, timeout_s}. Each episode's requests go to this stage's
+    instances through an OpenAI-compatible endpoint; the tokens it sampled are trained as sampled, the messages the
+    agent adds (tool results, users) are not. `max_turns` bounds its requests; `tool_parser` reads tool calls out of
+    a turn when the request names tools. docs/guides/agents.md"""
     tool_parser: str | None = None
-    """With `tools`: the model's tool-call format, `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen,
+    """With `tools` (or an `agent` whose requests name tools): the model's tool-call format, `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen,
     Hermes, SmolLM2) or `json` (the turn is one function-call JSON object, Llama 3.1-style)."""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""

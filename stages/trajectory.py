@@ -39,6 +39,10 @@ class Trajectory:
     env_state: str = ""  # the episode's environment, pickled, while the trajectory is between instances mid-episode
     env_reward: float = 0.0  # sum of the environment's step rewards
     env_s: float = 0.0  # seconds the episode waited on its environment
+    # Agent episodes (rlflow/runtime/agent_episodes.py): the agent's return value as JSON (the reward function's
+    # row["agent"]), or why its rollout failed by name (the trajectory is then failed, never trained)
+    agent_result: str = ""
+    rollout_error: str = ""
 
     @property
     def turn_start(self) -> int:

@@ -43,16 +43,25 @@ class Episodes:
         self.envs: dict[str, Environment] = {}  # traj id -> its episode's environment (open episodes here)
         self.waiting: dict[str, tuple[Trajectory, Future, float]] = {}  # on their environment: (traj, step, since)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env")
-        self.form = form  # chat form (runtime/chat_episodes.py ChatForm); None: raw text, tool calls by stop strings
+        # chat form (runtime/chat_episodes.py ChatForm), agent form (runtime/agent_episodes.py AgentForm); None: raw
+        # text, tool calls by stop strings
+        self.form = form
+        self.deferred = bool(getattr(form, "deferred", False))  # agents: the turn budget is theirs to end
 
     # ------------------------------------------------------------------ routing
-    def begin(self, traj: Trajectory) -> None:
+    def begin(self, traj: Trajectory) -> bool:
         """A trajectory routed here: a fresh one starts its episode (reset); one resumed mid-episode brings its
-        environment along (env_state)."""
+        environment along (env_state). True: start it on the engine now; False: it waits here first (an agent
+        episode: for its agent's first request, runtime/agent_episodes.py)."""
         tid = traj.traj_id
         if traj.env_state:
             self.envs[tid] = pickle.loads(base64.b64decode(traj.env_state))
             traj.env_state = ""
+        elif not traj.completion_ids and self.deferred:
+            link = self.envs[tid] = self.form.link(traj)
+            traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
+            self.waiting[tid] = (traj, self.pool.submit(self.form.first, link, traj), time.monotonic())
+            return False
         elif not traj.completion_ids:
             if self.form:
                 self.form.begin(traj)
@@ -63,17 +72,19 @@ class Episodes:
             traj.turn_starts.append(len(traj.completion_ids))
         elif tid not in self.envs:
             raise ValueError(f"trajectory {tid} resumes an episode without its environment (env_state is empty)")
+        return True
 
     def turn_ended(self, traj: Trajectory) -> bool:
         """A turn finished on the engine. True: it went to its environment (a tool call with turns left);
         False: the episode is over and the trajectory is final."""
         action = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
         env = self.envs.get(traj.traj_id)
-        if env is None or not self._is_call(traj, action) or len(traj.turn_starts) >= self.max_turns:
+        if env is None or not self._is_call(traj, action) or (len(traj.turn_starts) >= self.max_turns
+                                                              and not self.deferred):
             self._close(traj)
             return False
         turn = list(traj.completion_ids[traj.turn_start:])
-        self.waiting[traj.traj_id] = (traj, self.pool.submit(self._step, env, action, turn), time.monotonic())
+        self.waiting[traj.traj_id] = (traj, self.pool.submit(self._step, env, action, turn, traj), time.monotonic())
         return True
 
     def _is_call(self, traj: Trajectory, action: str) -> bool:
@@ -82,8 +93,11 @@ class Episodes:
             return self.form.is_call(traj, action)
         return traj.finish_reason == "stop" and any(s in action for s in self.stop)
 
-    def _step(self, env: Environment, action: str, turn_ids: list[int]) -> EnvStep:
-        """The environment's step for a turn (on the thread pool): text, or token ids in chat form."""
+    def _step(self, env: Environment, action: str, turn_ids: list[int], traj: Trajectory) -> EnvStep:
+        """The environment's step for a turn (on the thread pool): text, or token ids in chat form; an agent's next
+        request (the form answers the turn from the trajectory)."""
+        if self.deferred:
+            return self.form.step(env, action, turn_ids, traj)
         return self.form.step(env, action, turn_ids) if self.form else env.step(action)
 
     def ready(self, wait_s: float = 0.0) -> list[Trajectory]:
@@ -128,7 +142,9 @@ class Episodes:
 
     def drop(self, tid: str) -> bool:
         """Abort: forget the episode (a running step finishes in its thread and is ignored)."""
-        self.envs.pop(tid, None)
+        env = self.envs.pop(tid, None)
+        if self.deferred:
+            self.form.close(env)
         return self.waiting.pop(tid, None) is not None
 
     def waiting_ids(self) -> list[str]:
@@ -179,7 +195,9 @@ class Episodes:
 
     def _close(self, traj: Trajectory) -> None:
         """The episode is over: the mask covers every token, and the text is the whole transcript."""
-        self.envs.pop(traj.traj_id, None)
+        env = self.envs.pop(traj.traj_id, None)
+        if self.deferred:
+            self.form.close(env)
         traj.loss_mask.extend([1] * (len(traj.completion_ids) - len(traj.loss_mask)))
         traj.completion = self.tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
         if traj.finish_reason == "stop" and traj.turn_start < len(traj.completion_ids):
@@ -197,6 +215,17 @@ def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episod
     from rlflow import registry
 
     tokenizer, form = AutoTokenizer.from_pretrained(model_dir), None
+    if episode.get("agent"):  # an agent program drives the conversation through the endpoint
+        import ray
+
+        from rlflow.runtime.agent_episodes import AgentForm
+        from rlflow.runtime.agent_gateway import GatewayClient
+
+        client = GatewayClient(ray.get_actor(episode["gateway"]))
+        form = AgentForm(episode, tokenizer, client, engine_kwargs["max_new_tokens"])
+        return Episodes(None, {}, max_turns=episode["max_turns"], tokenizer=tokenizer, form=form,
+                        max_new_tokens=engine_kwargs["max_new_tokens"], stop=(),
+                        threads=min(MAX_ENV_THREADS, engine_kwargs.get("max_running", 8)))
     if episode.get("tools"):  # chat form: tool calls parsed, observations in the chat template's tokens
         from rlflow.runtime.chat_episodes import ChatForm
 

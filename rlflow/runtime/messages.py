@@ -101,13 +101,16 @@ class GroupToScore:
     completion: list[str]  # each member's decoded completion
     v_min: list[int]  # each member's version span (Trajectory.version_span), passed through to the driver's ledger
     v_max: list[int]
+    agent: list[str]  # each member's agent result as JSON ("" when none): the reward function's row["agent"]
+    rollout_error: list[str]  # each member's rollout failure by name ("" when none): it is then not scored
 
     @classmethod
     def of(cls, members: list[Trajectory]) -> GroupToScore:
         first, spans = members[0], [m.version_span() for m in members]
         return cls(first.group_id, first.task, first.prompt, str(first.answer), first.row or {},
                    [m.traj_id for m in members], [m.completion for m in members],
-                   [lo for lo, _ in spans], [hi for _, hi in spans])
+                   [lo for lo, _ in spans], [hi for _, hi in spans], [m.agent_result for m in members],
+                   [m.rollout_error for m in members])
 
     def as_row(self) -> dict:
         """The Arrow row: the data row as JSON (its columns differ from task to task, Arrow wants one schema)."""

@@ -76,7 +76,7 @@ def prepare_model(plan: Plan, log=print) -> Path:
         if rows is not None:
             log(f"tiny-llama: warm start on {len(rows)} training rows of {task}")
             return Path(build(task="data", rows=rows, seed=plan.pipeline["seed"], progress=log))
-        if task == "calc" and any(s.get("tools") for s in plan.pipeline["stages"].values()):
+        if task == "calc" and any(s.get("tools") or s.get("agent") for s in plan.pipeline["stages"].values()):
             # chat-form tools on the calculator task: the text-form build, warm-started further in chat form
             from rlflow.stages.tiny_tool_model import build_tiny_tool_llama
 

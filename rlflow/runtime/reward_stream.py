@@ -181,25 +181,36 @@ class Score:
 
     def score(self, g: dict) -> dict:
         """One group's rewards: its members go to the reward process in one message (reward_process.call_many)."""
-        row = json.loads(g["row"])
-        calls = [(str(completion), g["answer"], g["prompt"], row) for completion in g["completion"]]
-        wheres = [f"trajectory {tid} of task '{g['task']}' (prompt {excerpt(g['prompt'])})" for tid in g["traj_id"]]
-        results: list[tuple[float, str]] = []
-        while len(results) < len(calls):  # call_many stops after a call that timed out or ended the process
-            i = len(results)
+        row, n = json.loads(g["row"]), len(g["completion"])
+        agents, failed = g.get("agent") or [""] * n, g.get("rollout_error") or [""] * n
+        todo = [i for i in range(n) if not failed[i]]  # a member whose rollout failed is not scored: it fails as is
+        calls = [(str(g["completion"][i]), g["answer"], g["prompt"], row | {"agent": json.loads(agents[i])}
+                  if agents[i] else row) for i in todo]
+        wheres = [f"trajectory {g['traj_id'][i]} of task '{g['task']}' (prompt {excerpt(g['prompt'])})" for i in todo]
+        scored: list[tuple[float, str]] = []
+        while len(scored) < len(calls):  # call_many stops after a call that timed out or ended the process
+            i = len(scored)
             if self.hung:
-                results.append(self._not_called())
+                scored.append(self._not_called())
                 continue
-            results += [self._judge(outcome, calls[i + k], wheres[i + k])
-                        for k, outcome in enumerate(self.process.call_many(calls[i:]))]
+            scored += [self._judge(outcome, calls[i + k], wheres[i + k])
+                       for k, outcome in enumerate(self.process.call_many(calls[i:]))]
+        results = [(float("nan"), f"rollout failed: {failed[i]}") for i in range(n)]
+        for i, r in zip(todo, scored, strict=True):
+            results[i] = r
         return {"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"],
                 "reward": [r for r, _ in results], "reward_error": [e for _, e in results], "stage_error": self.hung,
                 "stage_rule": self.stop_rule if self.hung else "", **{k: g[k] for k in SPAN if k in g}}
 
     def score_pool(self, groups: list[dict]) -> list[dict]:
         """A bundle's rewards from the stage's scorers (reward_pool.py): a model or judge sees the bundle at once."""
-        return [{"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], **r, **{k: g[k] for k in SPAN if k in g}}
-                for g, r in zip(groups, self.pool.score(groups), strict=True)]
+        out = [{"group_id": g["group_id"], "task": g["task"], "traj_id": g["traj_id"], **r, **{k: g[k] for k in SPAN if k in g}}
+               for g, r in zip(groups, self.pool.score(groups), strict=True)]
+        for g, r in zip(groups, out):  # a member whose rollout failed (an agent's) fails as is, whatever it scored
+            for i, why in enumerate(g.get("rollout_error") or []):
+                if why:
+                    r["reward"][i], r["reward_error"][i] = float("nan"), f"rollout failed: {why}"
+        return out
 
     def score_one(self, completion: str, answer: str, prompt: str, row: dict, where: str = "a row") -> tuple[float, str]:
         """(reward, "") or (nan, why it failed): raised, not a finite number, timed out, or killed its process

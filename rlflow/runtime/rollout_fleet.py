@@ -90,6 +90,13 @@ class RolloutFleet:
         self.model = ship_model(model_dir)  # the model via the object store, for every instance (added ones too)
         self.elastic = self.spec.elastic  # None: always the plan's instances
         self.t0 = time.monotonic()
+        self.gateway, self.episode = None, self.spec.episode
+        if self.episode and self.episode.get("agent"):  # agents roll out through an endpoint (agent_gateway.py)
+            from rlflow.runtime.agent_gateway import start_gateway
+
+            self.gateway, name, url = start_gateway(self.episode, stage, plan.model["path"])
+            self.episode = {**self.episode, "gateway": name}
+            log(f"rollout stage {stage}: agents' OpenAI endpoint at {url}/episodes/<episode id>/v1")
         self.instances = [RolloutInstance(a.index, self._spawn(a), joined_t=self.t0) for a in actors]
         self.assembler = GroupAssembler(self.group_size, self.spec.group_redundancy)
         pc = stage_coordination(plan, stage)
@@ -114,7 +121,7 @@ class RolloutFleet:
 
     def _spawn(self, a: RolloutActor):
         opts = dict(num_cpus=a.num_cpus, num_gpus=a.num_gpus, resources=a.resources)
-        return RolloutWorker.options(**opts).remote(a.engine, self.model, a.index, a.engine_kwargs, self.store, a.episode,
+        return RolloutWorker.options(**opts).remote(a.engine, self.model, a.index, a.engine_kwargs, self.store, self.episode,
                                                     threads=(a.threads, a.threads_share))
 
     def ready_refs(self) -> list:

@@ -87,9 +87,8 @@ class RolloutWorker:
                 done.append(traj)
                 self.turns_not_complete -= 1
         for traj in route:
-            if episodes:
-                episodes.begin(traj)
-            self.engine.start(traj)
+            if episodes is None or episodes.begin(traj):  # an agent's episode starts at its first request
+                self.engine.start(traj)
         hop_trace.mark("routed", (t.group_id for t in route))
         if episodes:  # environment steps that came back: next turns, or episodes the environment ended
             ended = episodes.returned(self.engine, wait_s=0.0 if not self.engine.idle else ENV_WAIT_S)

@@ -60,8 +60,8 @@ def tokenizer(repeat_model_dir):
 def run_episodes(engine, episodes, batch, *, between=None, limit: int = 500) -> list[Trajectory]:
     """The rollout worker's loop, in-process: begin, generate turns, environments between turns, to the end."""
     for t in batch:
-        episodes.begin(t)
-        engine.start(t)
+        if episodes.begin(t):  # an agent's episode starts on the engine at its first request
+            engine.start(t)
     done = []
     for _ in range(limit):
         if engine.idle and not episodes.waiting:
@@ -143,8 +143,8 @@ def test_environments_run_while_the_engine_generates(repeat_model_dir, tokenizer
     Gate.gate.clear()
     batch = trajectories(tokenizer, tasks.repeat(8, 8))
     for t in batch:
-        episodes.begin(t)
-        engine.start(t)
+        if episodes.begin(t):  # an agent's episode starts on the engine at its first request
+            engine.start(t)
     finished_while_waiting = []
     for _ in range(200):  # generate with the gate shut: tool calls pile up on their environments
         if engine.idle:
