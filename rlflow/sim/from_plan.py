@@ -101,7 +101,8 @@ def profile_or_default(profile: str | None, notes: list[str], hint: str = "pass 
 
 def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
     """turns / env_latency_s / env_latency: the workload block's, else read off the rollout stage's environment."""
-    env, kwargs = rollout.get("env") or ("tools" if rollout.get("tools") else None), rollout.get("env_kwargs") or {}
+    env = rollout.get("env") or ("tools" if rollout.get("tools") else "agent" if rollout.get("agent") else None)
+    kwargs = rollout.get("env_kwargs") or {}
     turns, latency_s, law = w.get("turns"), w.get("env_latency_s"), w.get("env_latency")
     read = []  # what came from the stage rather than the workload block
     if turns is None:
@@ -114,7 +115,9 @@ def episodes(rollout: dict, w: dict, notes: list[str]) -> dict:
         latency_s = float(kwargs.get("latency_s", 0.0)) if env else 0.0
         if turns > 1:
             read.append(f"env_latency_s = env_kwargs.latency_s = {latency_s:g}" if "latency_s" in kwargs
-                        else "env_latency_s = 0 (env_kwargs has no latency_s; the step's own run time is not known)")
+                        else "env_latency_s = 0 (the agent's own time between its requests is not known)"
+                        if env == "agent" else
+                        "env_latency_s = 0 (env_kwargs has no latency_s; the step's own run time is not known)")
     if law is None:
         law = kwargs.get("latency", "fixed") if env else "fixed"
         if turns > 1 and latency_s > 0 and "latency" in kwargs:
