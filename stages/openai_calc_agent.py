@@ -73,7 +73,8 @@ async def calc_agent(row: dict, base_url: str, episode_id: str, stream: bool = F
             break
         for call in msg["tool_calls"]:
             try:
-                result = calculator(json.loads(call["function"]["arguments"])["expression"])
+                # the calculator runs in a sandboxed process: off the event loop, which every episode's agent shares
+                result = await asyncio.to_thread(calculator, json.loads(call["function"]["arguments"])["expression"])
             except (KeyError, ValueError) as e:
                 result = f"error: {e}"
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})

@@ -29,6 +29,7 @@ from rlflow.stages.trajectory import Trajectory
 #: longest wait for one environment step when the worker has nothing else to do, or is asked for the trajectory
 ENV_STEP_TIMEOUT_S = 120.0
 MAX_ENV_THREADS = 64
+MAX_AGENT_THREADS = 1024
 
 
 class Episodes:
@@ -223,9 +224,11 @@ def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episod
 
         client = GatewayClient(ray.get_actor(episode["gateway"]))
         form = AgentForm(episode, tokenizer, client, engine_kwargs["max_new_tokens"])
+        # a thread per episode on the instance, not per running slot: an episode waiting for its agent holds its
+        # thread (blocked on the endpoint, no CPU) for as long as the agent thinks, and more episodes than max_running
+        # can be on an instance (the engine's queue)
         return Episodes(None, {}, max_turns=episode["max_turns"], tokenizer=tokenizer, form=form,
-                        max_new_tokens=engine_kwargs["max_new_tokens"], stop=(),
-                        threads=min(MAX_ENV_THREADS, engine_kwargs.get("max_running", 8)))
+                        max_new_tokens=engine_kwargs["max_new_tokens"], stop=(), threads=MAX_AGENT_THREADS)
     if episode.get("tools"):  # chat form: tool calls parsed, observations in the chat template's tokens
         from rlflow.runtime.chat_episodes import ChatForm
 
