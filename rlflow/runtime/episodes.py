@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import pickle
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from rlflow.stages.engine import cut_at_stop
 from rlflow.stages.environment import Environment, EnvStep
@@ -30,6 +30,7 @@ from rlflow.stages.trajectory import Trajectory
 ENV_STEP_TIMEOUT_S = 120.0
 MAX_ENV_THREADS = 64
 MAX_AGENT_THREADS = 1024
+AGENT_COALESCE_S = 0.02  # see Episodes.ready
 
 
 class Episodes:
@@ -108,7 +109,12 @@ class Episodes:
         if not self.waiting:
             return []
         if wait_s > 0:
-            wait([f for _, f, _ in self.waiting.values()], timeout=wait_s, return_when=FIRST_COMPLETED)
+            done, pending = wait([f for _, f, _ in self.waiting.values()], timeout=wait_s, return_when=FIRST_COMPLETED)
+            if self.deferred and done and pending:
+                # agents answer over HTTP, one after another on their shared loop: a turn that went back at the same
+                # time as this one is a few ms behind it; the idle engine waits that long so they decode together
+                # rather than one engine step each
+                wait(pending, timeout=AGENT_COALESCE_S, return_when=ALL_COMPLETED)
         out = []
         for tid in [t for t, (_, f, _) in self.waiting.items() if f.done()]:
             out.append(self._resolve(tid))
