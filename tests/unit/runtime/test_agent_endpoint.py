@@ -60,6 +60,7 @@ def roll_out(engine_name: str, model_dir: str, agent: dict, n: int = 6, max_turn
     ("hf", "rlflow.stages.openai_calc_agent:calc_agent"),
     ("hf", "agents.calc_agents:calc_agent_streamed"),
     pytest.param("vllm", "rlflow.stages.openai_calc_agent:calc_agent", marks=pytest.mark.vllm),
+    pytest.param("vllm", "agents.calc_agents:calc_agent_streamed", marks=pytest.mark.vllm),
 ])
 def test_the_trained_ids_are_the_ids_each_response_carried(engine_name, agent, model_dir):
     import json
