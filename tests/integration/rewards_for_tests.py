@@ -130,3 +130,8 @@ def nan_on_30_percent(completion: str, answer: str) -> float:
     if _draws.random() < 0.3:
         return float("nan")
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def agent_says(completion: str, answer: str, row: dict) -> float:
+    """An agent stage's reward (issue 48): what the agent returned arrives as row["agent"]."""
+    return 1.0 if str(row["agent"]["answer"]) == answer else 0.0

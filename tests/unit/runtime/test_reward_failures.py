@@ -85,6 +85,18 @@ def test_score_marks_each_member():
     assert out["stage_error"] == ""
 
 
+def test_an_agents_result_is_its_members_row_agent_and_a_failed_rollout_is_not_scored():
+    """Agent stages (issue 48): each member's agent result reaches the reward as row["agent"], and a member whose
+    rollout failed (its agent raised) fails by name without a call."""
+    g = {"group_id": "g", "task": "main", "traj_id": ["g/0", "g/1", "g/2"], "completion": ["", "", ""], "answer": "4",
+         "prompt": "2+2?", "row": "{}", "agent": ['{"answer": 4}', '{"answer": 5}', ""],
+         "rollout_error": ["", "", "agent-raised: RuntimeError: boom"]}
+    score = score_with("agent_says")
+    out = score.score(g)
+    assert out["reward"][:2] == [1.0, 0.0] and math.isnan(out["reward"][2])
+    assert out["reward_error"] == ["", "", "rollout failed: agent-raised: RuntimeError: boom"]
+
+
 def test_a_group_goes_in_one_message_and_its_members_fail_alone():
     """The members go to the reward process together (reward_process.call_many); one that kills the process or
     hangs fails alone, and those after it are still scored (by a new process)."""
