@@ -34,16 +34,6 @@ def _module(name: str):
     return module
 
 
-def measure(result: dict, work: Path, history) -> dict:
-    s = result["summary"]
-    db, run_id = work / "mlflow.db", s["mlflow_run_id"]
-    per_s = history(db, run_id, "trajectories_per_s")
-    batch = s["counters"]["consumed"] / s["steps"]
-    walls = [batch / r for r in per_s[1:] if r > 0]  # steps 2..N
-    return {"episodes_per_s": len(walls) * batch / sum(walls), "tokens_per_s": s["engine_tokens_per_s"],
-            "turns": s["episode_turns"] / max(1, s["episodes"]), "reward": s["reward_last"], "wall_s": result["wall_s"]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -56,7 +46,7 @@ def main() -> None:
         for i in range(args.repeats):  # alternating: a drift of the machine falls on both alike
             for label, name in PIPELINES.items():
                 result = harness.run(name, "2", run_args, Path(scratch), label=f"{i}")
-                runs[label].append(measure(result, Path(scratch) / f"{name}-{i}", agentic.history))
+                runs[label].append(agentic.measure(result, Path(scratch) / f"{name}-{i}"))  # steps 2..N, as there
 
     def mean(label: str, key: str) -> float:
         return sum(r[key] for r in runs[label]) / len(runs[label])
@@ -65,10 +55,10 @@ def main() -> None:
     lines = ["| rollout | trained episodes/s (steps 2..N) | vs native | generated tokens/s (engine) | vs native "
              "| turns per episode | final reward |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label in PIPELINES:
-        eps, tok = mean(label, "episodes_per_s"), mean(label, "tokens_per_s")
+        eps, tok = mean(label, "episodes_per_s"), mean(label, "rollout_tokens_per_s")
         spread = ", ".join(f"{r['episodes_per_s']:.1f}" for r in runs[label])
         lines.append(f"| {label} | {eps:.1f} ({spread}) | {eps / mean(native, 'episodes_per_s'):.2f}x | {tok:,.0f} | "
-                     f"{tok / mean(native, 'tokens_per_s'):.2f}x | {mean(label, 'turns'):.2f} | "
+                     f"{tok / mean(native, 'rollout_tokens_per_s'):.2f}x | {mean(label, 'turns'):.2f} | "
                      f"{mean(label, 'reward'):.3f} |")
     doc = ["# An agent through the OpenAI-compatible endpoint vs a native chat-form tools stage", "",
            f"`python benchmarks/bench_agent_endpoint.py --steps {args.steps} --repeats {args.repeats}` on "

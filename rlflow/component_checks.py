@@ -17,7 +17,7 @@ from rlflow.data_head import head_problem
 from rlflow.data_sources import generated, is_table
 from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
-from rlflow.schema import DATA_NODE, Pipeline
+from rlflow.schema import DATA_NODE, AgentSpec, Pipeline
 from rlflow.stages.model_positions import model_positions
 from rlflow.tool_checks import check_tool_stage, check_tools_prompt_room, check_tools_template
 
@@ -111,7 +111,7 @@ def _check_agent(stage, loc: tuple, problems: list[Problem]) -> None:
     from rlflow.stages.tool_parsers import PARSERS
 
     loc = loc + ("agent",)
-    spec = {"fn": stage.agent} if isinstance(stage.agent, str) else stage.agent.model_dump(exclude_none=True)
+    spec = AgentSpec.entry(stage.agent)
     if stage.env is not None or stage.tools:
         problems.append(Problem(loc, "agent and " + ("env" if stage.env is not None else "tools") + " are both set: the "
                                 "agent's program drives the conversation (its tools run in the agent)",

@@ -17,7 +17,7 @@ from rlflow import reward_scorers
 from rlflow.devices import sleep_plan, thread_plan, vllm_settings
 from rlflow.graph import BACK_EDGE, batch_groups, build_graph, data_graph, resolve_path, stages_of
 from rlflow.plan_read import stage_length_law
-from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, Pipeline, TaskSource
+from rlflow.schema import ALGO_BLOCKS, CONSUME_POLICIES, DATA_NODE, MAIN_TASK, AgentSpec, Pipeline, TaskSource
 from rlflow.staleness_model import predict_mean_staleness, tail_multiplier
 from rlflow.task_routes import task_routes
 from rlflow.tool_checks import tiny_template
@@ -100,8 +100,7 @@ def _episode(spec: Pipeline, name: str, tasks: dict[str, dict]) -> dict:
     nothing for single-turn ones."""
     stage = spec.stages[name]
     if stage.agent is not None:  # agents: the conversation is theirs, through the endpoint (runtime/agent_gateway.py)
-        agent = {"fn": stage.agent} if isinstance(stage.agent, str) else stage.agent.model_dump(exclude_none=True)
-        agent.setdefault("timeout_s", 600.0)
+        agent = AgentSpec.entry(stage.agent)
         return {"episode": {"env": None, "agent": agent, "tool_parser": stage.tool_parser, "max_turns": stage.max_turns,
                             "timeout_s": agent["timeout_s"], "chat_template": tiny_template(spec),
                             "model_name": spec.model.path}}

@@ -251,6 +251,11 @@ class AgentSpec(Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Seconds an episode's agent may run; past it the trajectory fails (agent-timeout) and the run goes on."""
 
+    @classmethod
+    def entry(cls, agent: str | AgentSpec) -> dict:
+        """The stage's `agent` as its plan entry: {fn | command, timeout_s} (an import string is a fn)."""
+        return (cls(fn=agent) if isinstance(agent, str) else agent).model_dump(exclude_none=True)
+
 
 class RolloutStage(Strict):
     """Generates groups of completions with the current (or a bounded-stale) policy."""

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlflow.plan_model import Plan, Staleness
@@ -181,13 +181,13 @@ def tune(plan: Plan | dict, *, gpus: int, steps: int = 30, profile: str | None =
     if min(batches) < 1:
         raise TuneArgError("--batch-sizes", f"a batch is at least 1 group, got {min(batches)}")
     measured = MeasuredProfile.load(profile) if profile and train_tokens_per_gpu is None else None
+    trainer = measured_trainer(plan, measured) if measured is not None else None  # the plan's batch split, read once
     group_size, mean_length = rollouts[0][1]["group_size"], expected_length(lengths[0])
 
     def measured_speed(train_gpus: int, batch: int) -> float:
         """The measured trainer's tokens/s on a batch of mean-length responses, one rank per train GPU."""
-        trainer = measured_trainer(plan, measured, train_gpus)
         rows = batch * group_size
-        return rows * mean_length / trainer.step_time(rows * mean_length, rows)
+        return rows * mean_length / replace(trainer, ranks=train_gpus).step_time(rows * mean_length, rows)
 
     if measured is not None:
         notes.append(f"trainer from the profile's calibration run ({measured.pipeline}, {measured.trainer_ranks or 1} "

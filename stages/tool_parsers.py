@@ -87,6 +87,12 @@ def _object(value) -> ToolCall:
 PARSERS = {"hermes": parse_hermes, "json": parse_json}
 
 
+def content(parser: str, text: str) -> str:
+    """A turn's text outside its calls (an OpenAI message's `content` beside its `tool_calls`): hermes, the text
+    around the `<tool_call>` blocks; json, nothing (the turn is the call)."""
+    return _HERMES.sub("", text).strip() if parser == "hermes" else ""
+
+
 def parse(parser: str, text: str) -> list[ToolCall]:
     """The calls of a turn in format `parser` (KeyError for an unknown one: compile rejects it first)."""
     return PARSERS[parser](text)

@@ -17,17 +17,15 @@ when the conversation is driven by an agent program through the OpenAI-compatibl
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 
 from rlflow.stages.chat_template import ChatRenderer, TemplateError
 from rlflow.stages.environment import EnvStep
-from rlflow.stages.tool_parsers import parse
+from rlflow.stages.tool_parsers import content, parse
 from rlflow.stages.trajectory import Trajectory
 
 EVENT_POLL_S = 20.0  # one wait on the hub for the agent's next event; asked again until the agent's own timeout
-_HERMES_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
 
 
 @dataclass
@@ -161,9 +159,7 @@ class AgentForm:
             obj = "text_completion"
         else:
             calls = [c for c in parse(self.parser, text) if c.error is None] if self.parser and link.tools else []
-            content = _HERMES_BLOCK.sub("", text).strip() if calls and self.parser == "hermes" else \
-                ("" if calls else text)
-            message = {"role": "assistant", "content": content}
+            message = {"role": "assistant", "content": content(self.parser, text) if calls else text}
             if calls:
                 message["tool_calls"] = [{"id": f"call_{link.eid}_{link.turns}_{i}", "type": "function",
                                           "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}

@@ -64,7 +64,6 @@ class _Episode:
     messages: list[dict] | None = None  # chat: the conversation so far, our answers included (normalised)
     text: str | None = None  # completions: the prompt and completions so far
     task: asyncio.Task | None = None
-    ended: bool = False
 
     def push(self, event: dict) -> int:
         event["seq"] = len(self.events)
@@ -103,8 +102,7 @@ class AgentHub:
     def __init__(self, agent: dict, model: str = "rlflow-policy", host: str = "127.0.0.1", port: int = 0):
         self.agent, self.model, self.host, self.port = dict(agent), model, host, port
         self.timeout_s = float(agent.get("timeout_s", 600))
-        self.episodes: dict[str, _Episode] = {}
-        self.ended: set[str] = set()
+        self.episodes: dict[str, _Episode] = {}  # open episodes; one that ended is gone (its calls get 404)
         self.server = None
         self._fn = None
 
@@ -183,7 +181,7 @@ class AgentHub:
         """An agent's request: checked, handed to the episode's worker as an event, answered when its turn is
         generated. Returns (the answer, whether it is to be streamed)."""
         ep = self.episodes.get(eid)
-        if ep is None or ep.ended:
+        if ep is None:
             raise AgentError(404, "agent-episode-ended", f"episode {eid!r} is over (or never began): its agent called "
                              "the endpoint after it returned, or used another episode's URL")
         if ep.pending:
@@ -221,11 +219,11 @@ class AgentHub:
             if ep.messages is not None:
                 raise AgentError(400, "agent-malformed-request", "an episode is chat or completions, not both")
             if ep.text is None:
-                return {"kind": "completion", "first": True, "prompt": prompt, "text": prompt}
+                return {"kind": "completion", "prompt": prompt, "text": prompt}
             if not prompt.startswith(ep.text):
                 raise AgentError(400, "agent-history-rewritten", "the prompt does not extend the previous prompt and "
                                  "its completion: the trained tokens would not be the ones sampled")
-            return {"kind": "completion", "first": False, "prompt": prompt[len(ep.text):], "text": prompt}
+            return {"kind": "completion", "prompt": prompt[len(ep.text):], "text": prompt}
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool") for m in messages):
@@ -237,8 +235,7 @@ class AgentHub:
         if ep.messages is None:
             if history[-1]["role"] == "assistant":
                 raise AgentError(400, "agent-malformed-request", "the last message is the assistant's: nothing to answer")
-            return {"kind": "chat", "first": True, "messages": history, "tools": body.get("tools") or [],
-                    "history": history}
+            return {"kind": "chat", "messages": history, "tools": body.get("tools") or [], "history": history}
         k = len(ep.messages)
         if history[:k] != ep.messages:
             at = next((i for i, (a, b) in enumerate(zip(history, ep.messages)) if a != b), min(k, len(history)))
@@ -248,14 +245,13 @@ class AgentHub:
         if not new or any(m["role"] == "assistant" for m in new):
             raise AgentError(400, "agent-malformed-request", "after the last answer, send the new tool or user messages "
                              "(and no assistant message of your own)")
-        return {"kind": "chat", "first": False, "messages": new, "history": history}
+        return {"kind": "chat", "messages": new, "history": history}
 
     # -- the worker's side ----------------------------------------------------------------------------------------
     def begin(self, eid: str, row: dict) -> None:
         """Start the episode's agent (an episode begun again, e.g. a trajectory restarted, restarts its agent)."""
         if eid in self.episodes:
             self.end(eid)
-        self.ended.discard(eid)
         ep = self.episodes[eid] = _Episode(eid, dict(row))
         ep.task = asyncio.get_running_loop().create_task(self._run(ep))
 
@@ -289,8 +285,6 @@ class AgentHub:
         ep = self.episodes.pop(eid, None)
         if ep is None:
             return
-        ep.ended = True
-        self.ended.add(eid)
         for answer in ep.pending.values():
             if not answer.done():
                 answer.set_result({"error": {"status": 404, "rule": "agent-episode-ended",
@@ -453,22 +447,18 @@ class GatewayClient:
     """The Ray actor, called synchronously from a rollout worker's episode threads (LoopHub's interface)."""
 
     def __init__(self, handle):
-        self.handle = handle
+        import ray
+
+        self.handle, self.get = handle, ray.get
 
     def begin(self, eid: str, row: dict) -> None:
-        import ray
-
-        ray.get(self.handle.begin.remote(eid, row), timeout=60)
+        self.get(self.handle.begin.remote(eid, row), timeout=60)
 
     def next_event(self, eid: str, seq: int, timeout_s: float) -> dict:
-        import ray
-
-        return ray.get(self.handle.next_event.remote(eid, seq, timeout_s), timeout=timeout_s + 30)
+        return self.get(self.handle.next_event.remote(eid, seq, timeout_s), timeout=timeout_s + 30)
 
     def reply(self, eid: str, seq: int, body: dict) -> bool:
-        import ray
-
-        return ray.get(self.handle.reply.remote(eid, seq, body), timeout=60)
+        return self.get(self.handle.reply.remote(eid, seq, body), timeout=60)
 
     def end(self, eid: str) -> None:
         self.handle.end.remote(eid)  # fire and forget: nothing waits on an ended episode

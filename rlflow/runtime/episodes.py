@@ -59,17 +59,16 @@ class Episodes:
         if traj.env_state:
             self.envs[tid] = pickle.loads(base64.b64decode(traj.env_state))
             traj.env_state = ""
-        elif not traj.completion_ids and self.deferred:
-            link = self.envs[tid] = self.form.link(traj)
-            traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
-            self.waiting[tid] = (traj, self.pool.submit(self.form.first, link, traj), time.monotonic())
-            return False
         elif not traj.completion_ids:
+            traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
+            if self.deferred:
+                link = self.envs[tid] = self.form.link(traj)
+                self.waiting[tid] = (traj, self.pool.submit(self.form.first, link, traj), time.monotonic())
+                return False
             if self.form:
                 self.form.begin(traj)
             env = self.env_cls(**self.env_kwargs)
             self.envs[tid] = env
-            traj.turn_starts, traj.loss_mask, traj.env_reward, traj.env_s = [], [], 0.0, 0.0
             self._append(traj, env.reset(traj.row | {"prompt": traj.prompt, "answer": traj.answer}))
             traj.turn_starts.append(len(traj.completion_ids))
         elif tid not in self.envs:
