@@ -126,12 +126,14 @@ def _check_agent(stage, loc: tuple, problems: list[Problem]) -> None:
                                     "agent-command-not-found", "give its full path, or install it"))
     else:
         try:
-            fn = registry._import(spec["fn"])
+            fn = registry.agent_fn(spec["fn"])
         except registry.ComponentError as e:
-            problems.append(Problem(loc, f"agent {spec['fn']!r}: {e}", "bad-agent", "name an async function "
-                                    "package.module:function importable beside the pipeline"))
+            problems.append(Problem(loc, f"agent {spec['fn']!r}: {e}", e.rule or "bad-agent", "name an async function "
+                                    "package.module:function importable beside the pipeline, or a verifiers "
+                                    "environment: verifiers:package.module:load_taskset"))
             return
-        if not inspect.iscoroutinefunction(fn):
+        call = type(fn).__call__ if callable(fn) and not inspect.isroutine(fn) else fn  # an adapter's agent object
+        if not inspect.iscoroutinefunction(call):
             problems.append(Problem(loc, f"agent {spec['fn']!r} is not an async function: many episodes run at once on "
                                     "one event loop, and a blocking call would stall them all", "agent-not-async",
                                     "write it as async def fn(row, base_url, episode_id) with openai.AsyncOpenAI, or "

@@ -22,6 +22,7 @@ REWARDS = {
     "final_number": "rlflow.stages.rewards:final_number",
     "code_tests": "rlflow.stages.rewards:code_tests",
     "tagged_number": "rlflow.stages.rewards:tagged_number",
+    "agent_reward": "rlflow.stages.rewards:agent_reward",
 }
 FILTERS = {
     "drop_uniform_groups": "rlflow.stages.filters:drop_uniform_groups",
@@ -63,6 +64,7 @@ ADAPTERS = {
     "openenv": "rlflow.stages.env_openenv",
 }
 ADAPTED = ("env", "reward", "task")  # the categories an adapter serves
+AGENT_ADAPTERS = {"verifiers": "rlflow.stages.agent_verifiers"}  # agent: "<library>:package.module:attr"
 
 CATEGORIES = {
     "engine": ENGINES,
@@ -157,6 +159,15 @@ def adapter_target(category: str, ref: str) -> str | None:
 def _adapt(category: str, ref: str):
     library, _, target = ref.partition(":")
     return importlib.import_module(ADAPTERS[library]).adapt(category, target)
+
+
+def agent_fn(ref: str):
+    """A rollout stage's `agent: fn`: the async function `package.module:fn` names, or what an adapter builds from
+    `<library>:package.module:attr` (a verifiers environment: stages/agent_verifiers.py)."""
+    library, _, target = ref.partition(":")
+    if library in AGENT_ADAPTERS and ":" in target:
+        return importlib.import_module(AGENT_ADAPTERS[library]).adapt(target)
+    return _import(ref)
 
 
 def resolve(category: str, ref: str):

@@ -15,11 +15,10 @@ runtime plumbing (image, resources, timeouts, ...) left out. The reward then reb
 The target is a Taskset, a Taskset class, a verifiers Env (its `.taskset`), or a function returning one of these
 (a package's `load_taskset` / `load_environment`).
 
-Not adapted: a verifiers Env as a rollout `env:`. Its `run(task, agents)` drives the model itself through an
-OpenAI-compatible client, where rlflow's episodes are driven by the rollout engine and step an environment per turn;
-compile says so by name (verifiers-env-not-steppable). docs/guides/datasets-and-environments.md records what running
-one would take (harness programs as uv scripts, tool servers installed per task, an OpenAI-compatible endpoint over
-the rollout engine that keeps token ids) as measured with verifiers 0.4.
+A verifiers environment is not a rollout `env:`: its episodes drive the model themselves through an
+OpenAI-compatible client, where an rlflow `env` is stepped by the rollout engine turn by turn; compile says so by
+name (verifiers-env-not-steppable) and points at `agent: "verifiers:..."`, which runs its episodes as verifiers
+writes them against rlflow's endpoint (stages/agent_verifiers.py).
 """
 
 from __future__ import annotations
@@ -43,7 +42,9 @@ def adapt(category: str, target: str):
         raise ComponentError(f"'verifiers:{target}' cannot be a rollout env: a verifiers environment drives the model "
                              "itself (Env.run calls its agents through an OpenAI-compatible client), so it cannot be "
                              "stepped turn by turn; score with its rubric instead (a reward stage with fn: "
-                             f"\"verifiers:{target}\"), or give the stage an rlflow env", "verifiers-env-not-steppable")
+                             f"\"verifiers:{target}\"), run its episodes as verifiers does with agent: "
+                             f"\"verifiers:{target}\" instead of env, or give the stage an rlflow env",
+                             "verifiers-env-not-steppable")
     taskset(target)  # imports it and checks its type now: compile names the problem
     return functools.partial(taskset_rows, target) if category == "task" else VerifiersReward(target)
 
@@ -94,19 +95,25 @@ class VerifiersReward:
         self.__name__ = f"verifiers:{target}"
 
     def __call__(self, completion: str, answer: str, prompt: str, row: dict) -> float:
-        ts = taskset(self.target)
-        task_cls = type(ts).task_type()
-        data_cls = task_cls.data_type()
-        fields = {k: v for k, v in (row or {}).items() if k in data_cls.model_fields and k != "idx"}
-        fields.setdefault("prompt", prompt)
-        if "answer" in data_cls.model_fields:
-            fields.setdefault("answer", answer)
-        task = task_cls(data_cls(**fields), ts.config.task)
+        task = task_for(self.target, row, prompt=prompt, answer=answer)
         trace = one_turn_trace(task, completion)
         _run(task.score(trace))
         if not trace.rewards:
-            raise ValueError(f"{task_cls.__name__} has no reward that scores without a runtime")
+            raise ValueError(f"{type(task).__name__} has no reward that scores without a runtime")
         return trace.reward
+
+
+def task_for(target: str, row: dict | None, **defaults):
+    """The taskset's Task for an rlflow row: the TaskData fields the row has, by name (`defaults` fill the ones it
+    lacks, where the Task's data declares them)."""
+    ts = taskset(target)
+    task_cls = type(ts).task_type()
+    data_cls = task_cls.data_type()
+    fields = {k: v for k, v in (row or {}).items() if k in data_cls.model_fields and k != "idx"}
+    for k, v in defaults.items():
+        if k in data_cls.model_fields or k == "prompt":
+            fields.setdefault(k, v)
+    return task_cls(data_cls(**fields), ts.config.task)
 
 
 def one_turn_trace(task, completion: str):

@@ -87,6 +87,17 @@ def tagged_number(completion: str, answer: str) -> float:
         return 0.0
 
 
+def agent_reward(completion: str, answer: str, prompt: str, row: dict) -> float:
+    """The reward the episode's agent returned (`{"reward": x, ...}`, row["agent"]): for agents that score their own
+    episode, as a verifiers environment's rubric does (stages/agent_verifiers.py)."""
+    result = row.get("agent")
+    if not isinstance(result, dict) or not isinstance(result.get("reward"), (int, float)):
+        raise ValueError(f"agent_reward reads the number the agent returned as {{'reward': x}}, and this episode's "
+                         f"agent returned {str(result)[:120]!r}; return a reward from the agent, or score the "
+                         "transcript with another fn")
+    return float(result["reward"])
+
+
 CODE_LIMITS_WALL_S = 5.0  # per completion, all its tests together (CPU loops stop sooner: 2 CPU-seconds)
 
 

@@ -97,7 +97,8 @@ def normalised(message: dict) -> dict:
 
 class AgentHub:
     """The endpoint and the agents of one agent rollout stage, on one asyncio loop. `agent`: the plan's entry
-    ({"fn": "module:fn"} or {"command": [...]}, "timeout_s")."""
+    ({"fn": "module:fn"} or {"command": [...]}, "timeout_s"), with the stage's "max_turns" (for an agent that
+    takes it)."""
 
     def __init__(self, agent: dict, model: str = "rlflow-policy", host: str = "127.0.0.1", port: int = 0):
         self.agent, self.model, self.host, self.port = dict(agent), model, host, port
@@ -309,10 +310,16 @@ class AgentHub:
         if "command" in self.agent:
             return await self._command(ep)
         if self._fn is None:
+            import inspect
+
             from rlflow import registry
 
-            self._fn = registry._import(self.agent["fn"])
-        return await self._fn(ep.row, self.base_url(ep.eid), ep.eid)
+            self._fn = registry.agent_fn(self.agent["fn"])
+            # an agent that takes `max_turns` is told the stage's budget (a verifiers Agent stops there and scores)
+            takes = inspect.signature(self._fn).parameters
+            self._extra = {"max_turns": self.agent["max_turns"]} if "max_turns" in takes and "max_turns" in self.agent \
+                else {}
+        return await self._fn(ep.row, self.base_url(ep.eid), ep.eid, **self._extra)
 
     async def _command(self, ep: _Episode):
         env = {**os.environ, "OPENAI_BASE_URL": self.base_url(ep.eid), "OPENAI_API_KEY": "rlflow",
@@ -412,7 +419,7 @@ def start_gateway(episode: dict, stage: str, model: str, timeout_s: float = 120.
 
     name = f"rlflow-agents-{stage}-{uuid.uuid4().hex[:8]}"
     handle = ray.remote(num_cpus=0, max_concurrency=10_000)(AgentGateway).options(name=name).remote(
-        episode["agent"], model)
+        {**episode["agent"], "max_turns": episode["max_turns"]}, model)
     try:
         url = ray.get(handle.start.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
