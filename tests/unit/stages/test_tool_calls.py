@@ -192,6 +192,29 @@ def test_observation_is_the_templates_tokens_after_the_generated_turn(tokenizer)
     assert tokenizer.decode(whole) == tokenizer.decode(r.render(conversation, generation=True))
 
 
+# drops the reasoning of earlier assistant turns when it re-renders them (as Qwen3's and DeepSeek-R1's templates do)
+STRIPS_REASONING = ("{% for m in messages %}{% set c = m['content'] %}"
+                    "{% if m['role'] == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+                    "{{ '<s>' + m['role'] + '\\n' + c + '</s>' }}{% endfor %}"
+                    "{% if add_generation_prompt %}{{ '<s>assistant\\n' }}{% endif %}")
+
+
+def test_a_template_that_strips_earlier_reasoning_keeps_each_turns_sampled_ids(tokenizer):
+    """Issue 48: re-rendered history is handled as the peers do, each call's ids kept: the next turn's context is the
+    sampled turn, reasoning and all, then the template's tokens for what followed; never a re-render of the turn."""
+    from rlflow.stages.chat_template import ChatRenderer
+
+    r = ChatRenderer(tokenizer, [], STRIPS_REASONING)
+    prompt = r.prompt_ids("2+2=")
+    turn = tokenizer.encode("<think>two and two</think><tool_call>x</tool_call>", add_special_tokens=False)
+    tool = [{"role": "tool", "content": "4"}]
+    context = prompt + turn + r.observation_ids(turn, tool)  # what the model sees for its next turn, and is trained on
+    assert context[len(prompt):len(prompt) + len(turn)] == turn
+    assert tokenizer.decode(context).endswith("</s><s>tool\n4</s><s>assistant\n")
+    conversation = [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": tokenizer.decode(turn)}, *tool]
+    assert "two and two" not in tokenizer.decode(r.render(conversation, generation=True))  # what a re-render gives
+
+
 def test_templates_that_cannot_give_a_delta_are_refused(tokenizer):
     from rlflow.stages.chat_template import TINY_TOOL_TEMPLATE, ChatRenderer, TemplateError
 
