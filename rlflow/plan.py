@@ -197,6 +197,8 @@ def _algorithm_kwargs(spec: Pipeline, s, rollouts: list[str]) -> dict:
             out["algo_options"] = block.model_dump()
     if s.entropy_coef:
         out["entropy_coef"] = s.entropy_coef
+    if s.epochs != 1 or s.mini_batches != 1:  # several optimizer steps per batch
+        out |= {"epochs": s.epochs, "mini_batches": s.mini_batches}
     if s.kl_estimator is not None:
         out["kl_estimator"] = s.kl_estimator
     if s.loss_agg == "seq-mean-token-sum-norm":

@@ -83,6 +83,13 @@ def check_resources(spec: Pipeline, batch_groups: int | None, problems: list[Pro
                                     f"[{e.min_replicas}, {e.max_replicas}]: the run starts with replicas instances",
                                     "elastic-bounds", "set min_replicas <= replicas <= max_replicas"))
     for name, s in spec.stages.items():
+        if s.kind == "train" and s.mini_batches > 1 and batch_groups is not None and rollouts:
+            per_rank = batch_groups * min(r.group_size for r in rollouts) // s.replicas
+            if s.mini_batches > per_rank:
+                problems.append(Problem(("stages", name, "mini_batches"), f"{s.mini_batches} mini-batches but "
+                                        f"{per_rank} trajectories per step on each of the {s.replicas} trainer rank(s): "
+                                        "a mini-batch would have nothing to train", "mini-batches-exceed-batch",
+                                        f"use at most {per_rank} mini_batches, or a larger batch"))
         if s.kind != "train" or s.replicas == 1:
             continue
         loc = ("stages", name, "replicas")

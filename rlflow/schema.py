@@ -516,6 +516,14 @@ class TrainStage(Strict):
     seq-mean-token-mean (alias sequence): mean per sequence, then over sequences (GRPO as published). seq-mean-token-sum:
     sum per sequence, mean over sequences. seq-mean-token-sum-norm: that over the rollouts' max_new_tokens, a
     constant (Dr.GRPO). Unset: the algorithm's (token-mean; dr_grpo seq-mean-token-sum-norm; gspo seq-mean-token-mean)."""
+    epochs: PositiveInt = 1
+    """Passes over each batch (TRL's num_iterations, verl's ppo_epochs, OpenRLHF's max_epochs). Above 1, or with
+    mini_batches above 1, the batch's pi_old log-probs are taken once before its first optimizer step, so the ratio
+    and its clip act from the second optimizer step on (with one step per batch the ratio is 1 on fresh data)."""
+    mini_batches: PositiveInt = 1
+    """Optimizer steps per pass: each pass cuts the batch into this many mini-batches of near-equal tokens, one
+    optimizer step each (verl's train_batch_size / ppo_mini_batch_size). A batch then takes epochs x mini_batches
+    optimizer steps and publishes one weights version; staleness and `steps` count batches (versions)."""
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] | None = None

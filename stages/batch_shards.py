@@ -72,6 +72,7 @@ def shard_batch(
     trajectories: list[Trajectory], world_size: int, micro_batch_size: int, max_tokens: int | None = None, *,
     rows_too: bool = False,
     advantages: Callable[[torch.Tensor, list], torch.Tensor] = grpo.batch_advantages, overlong: dict | None = None,
+    mini_batches: int = 1,
 ) -> list[BatchShard]:
     """The batch as `world_size` shards (rank order), balanced by tokens, with equal micro-batch counts.
 
@@ -79,7 +80,9 @@ def shard_batch(
     completion tokens when it is given (and of at most micro_batch_size rows too with `rows_too`): then the rank
     that needs the most parts sets the count for all.
     advantages: the sequence-level estimator (stages/advantages.py; GRPO's by default); overlong: the keyword
-    arguments of reward_shaping.overlong_penalty, added to the rewards before the advantages (None: no shaping)."""
+    arguments of reward_shaping.overlong_penalty, added to the rewards before the advantages (None: no shaping).
+    mini_batches: the micro-batch count is made a multiple of it, so each rank's micro-batches cut into that many
+    equal parts, one optimizer step each (train.mini_batches)."""
     if not trajectories:
         raise ValueError("a training batch needs at least one trajectory")
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
@@ -98,6 +101,7 @@ def shard_batch(
     else:
         micro = max(parts_for_tokens([costs[i] for i in p], max_tokens) for p in parts if p)
         micro = max(micro, by_rows) if rows_too else micro
+    micro = math.ceil(micro / mini_batches) * mini_batches
     return [BatchShard(trajectories=[trajectories[i] for i in p], advantages=[float(adv[i]) for i in p],
                        num_tokens=num_tokens, num_sequences=num_sequences, micro_batches=micro,
                        world_size=world_size, pad=trajectories[0], reward_mean=float(rewards.mean()))
@@ -105,7 +109,8 @@ def shard_batch(
 
 
 #: metrics that add up over ranks (each rank's value is its part of a whole-batch sum or mean)
-SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "importance_weight_mean",
+SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "ratio_mean_first", "ratio_mean_last",
+          "importance_weight_mean",
           "importance_weight_used_mean", "importance_truncated_frac", "importance_masked_frac", "tokens",
           "critic_loss", "value_mean", "value_clip_frac")  # the last three: algo ppo's critic (stages/critic.py)
 

@@ -71,6 +71,8 @@ class DeepSpeedTrainer:
         max_new_tokens: int | None = None,
         overlong: dict | None = None,
         lora: dict | None = None,
+        epochs: int = 1,
+        mini_batches: int = 1,
     ):
         """packing: each micro-batch's trajectories in one row without padding (stages/packing.py), checked on this
         model at start; micro_batch_tokens: with packing, at most this many tokens per micro-batch (None: as many
@@ -82,7 +84,8 @@ class DeepSpeedTrainer:
         of the entropy bonus; kl_estimator: k1 / k2 / k3 (None: k1 folded into the reward, k3 as a loss term);
         max_new_tokens: the generation budget, L of loss_agg seq-mean-token-sum-norm; overlong: keyword arguments of
         reward_shaping.overlong_penalty (None: no shaping). lora: train.lora ({rank, alpha, target_modules, dropout}):
-        only the adapters are trained and published (stages/lora.py; None: the whole model)."""
+        only the adapters are trained and published (stages/lora.py; None: the whole model). epochs, mini_batches:
+        each batch trained in `epochs` passes of `mini_batches` optimizer steps (train.epochs, train.mini_batches)."""
         import deepspeed
 
         loss_agg_mode = loss_agg_mode_of(loss_agg, max_new_tokens)
@@ -111,6 +114,11 @@ class DeepSpeedTrainer:
         clip = {} if algo in ("gspo", "cispo") else {"clip_low": clip_low, "clip_high": clip_high}  # theirs: options
         self._loss_kwargs = {**clip, **options, "max_importance_ratio": max_importance_ratio, **self.off_policy}
         self.temperature = temperature
+        if epochs < 1 or mini_batches < 1:
+            raise ValueError(f"epochs and mini_batches must be >= 1, got {epochs} and {mini_batches}")
+        #: passes over each batch, and optimizer steps per pass (train.epochs, train.mini_batches)
+        self.epochs, self.mini_batches = epochs, mini_batches
+        self.optimizer_steps = epochs * mini_batches  # per batch
         self.version = 0
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
@@ -283,7 +291,8 @@ class DeepSpeedTrainer:
     def shards(self, trajectories: list[Trajectory], world_size: int) -> list[BatchShard]:
         """The batch cut for `world_size` ranks, with this algorithm's sequence-level advantages and reward shaping."""
         return shard_batch(trajectories, world_size, self.micro_batch_size, self.micro_batch_tokens,
-                           rows_too=self._rows_too, advantages=advantages.ESTIMATORS[self.algo], overlong=self.overlong)
+                           rows_too=self._rows_too, advantages=advantages.ESTIMATORS[self.algo], overlong=self.overlong,
+                           mini_batches=self.mini_batches)
 
     def _token_advantages(self, batches: list[packing.MicroBatch], world_size: int) -> None:
         """Token-level estimators (REINFORCE++): each micro-batch's rewards become per-token returns, the KL to the
@@ -303,14 +312,12 @@ class DeepSpeedTrainer:
             mb.advantages = advantages.whiten(mb.advantages, mb.mask, totals)
 
     def train_shard(self, shard: BatchShard) -> dict[str, float]:
-        """This rank's part of one optimizer step; every rank of the process group calls it with its shard
-        of the same batch. Returns this rank's metrics (batch_shards.merge_rank_metrics adds them up)."""
+        """This rank's part of one batch: epochs x mini_batches optimizer steps (one by default), then one new weights
+        version; every rank of the process group calls it with its shard of the same batch. Returns this rank's
+        metrics, means over the optimizer steps (batch_shards.merge_rank_metrics adds them up over the ranks)."""
         t0 = time.perf_counter()
         batches = self._micro_batches(shard)
         num_tokens, num_sequences = shard.num_tokens, shard.num_sequences
-        normalizer = loss_agg.normalizer_of(self.loss_agg, num_tokens, num_sequences)
-        agg = {"loss_agg": self.loss_agg, "normalizer": normalizer, "max_tokens": self.max_tokens}
-
         chunks = self._chunks(batches)
         if self.ref_model is not None:
             with torch.no_grad():
@@ -325,20 +332,86 @@ class DeepSpeedTrainer:
                                        self.kl_estimator) if self.kl_in_reward else None for mb in batches]
             value_targets = self.critic.advantages(batches, kl_rewards, shard.world_size)
 
+        if self.optimizer_steps > 1:  # pi_old: the weights before the batch's first optimizer step, taken once
+            with torch.no_grad():
+                for mb in batches:
+                    mb.old_logprobs, _ = self._forward(self.engine, self._logprobs, mb.input_ids, chunks=chunks,
+                                                       attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                                                       mask=mb.mask)
+        size = len(batches) // self.mini_batches  # shard_batch made the count a multiple: equal parts on every rank
+        parts = [batches[k * size:(k + 1) * size] for k in range(self.mini_batches)]
+        sums: dict[str, float] = {}
+        weight_max, finite, applied = 0.0, True, True
+        if self.lr_schedule and self.engine.lr_scheduler is None:  # the schedule moves per batch (version), not per
+            for group in self.engine.optimizer.param_groups:      # optimizer step: `steps` counts batches
+                group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
+        lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
+        for _epoch in range(self.epochs):
+            for part in parts:
+                counts = (num_tokens, num_sequences) if len(parts) == 1 else self._counts(part, shard.world_size)
+                stats, grad_norm, step_applied = self._optimizer_step(part, chunks, shard.world_size, *counts)
+                weight_max = max(weight_max, stats.pop("importance_weight_max"))
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value / self.optimizer_steps  # means over the optimizer steps
+                sums.setdefault("ratio_mean_first", stats["ratio_mean"])  # 1 on fresh data: pi_old is these weights
+                sums["ratio_mean_last"] = stats["ratio_mean"]
+                finite = finite and grad_norm is not None and math.isfinite(grad_norm) and math.isfinite(stats["loss"])
+                applied = applied and step_applied
+        self.version += 1
+        if self.optimizer_steps == 1:  # one step a batch: its ratio is the step's, reported as ratio_mean
+            del sums["ratio_mean_first"], sums["ratio_mean_last"]
+        # the critic keeps its own number of optimizer steps a batch (ppo.critic_epochs)
+        critic_metrics = self.critic.train(batches, value_targets, num_tokens, shard.world_size, optimizer_held) \
+            if self.critic else {}
+        return {
+            **sums,
+            # "": finite; "skipped": a non-finite loss or gradient, not applied (the weights are as before);
+            # "poisoned": the update made the weights non-finite (e.g. a learning rate too large)
+            "nonfinite": nonfinite_verdict(sums["loss"] if finite else math.nan, grad_norm, applied,
+                                           self._weights_finite()),
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "importance_weight_max": weight_max,
+            "reward_mean": shard.reward_mean,
+            "tokens": int(sum(float(mb.mask.sum()) for mb in batches)),
+            "micro_batches": len(batches),
+            **({"optimizer_steps": self.optimizer_steps} if self.optimizer_steps > 1 else {}),
+            "step_time_s": time.perf_counter() - t0,
+            "version": self.version,
+            "lr": lr,
+            **critic_metrics,
+        }
+
+    def _counts(self, part: list[packing.MicroBatch], world_size: int) -> tuple[float, float]:
+        """(trained tokens, non-empty sequences) of a mini-batch on all ranks: its loss normalisers."""
+        counts = torch.zeros(2, device=self.engine.device)
+        for mb in part:
+            counts[0] += mb.mask.sum()
+            counts[1] += (loss_agg.sequence_sums(mb.mask.float(), mb.segments) > 0).sum()
+        if world_size > 1:
+            torch.distributed.all_reduce(counts)
+        return float(counts[0]), float(counts[1])
+
+    def _optimizer_step(self, part: list[packing.MicroBatch], chunks: int | None, world_size: int, num_tokens: float,
+                        num_sequences: float) -> tuple[dict[str, float], float | None, bool]:
+        """One optimizer step on `part`'s micro-batches, its loss normalised over the part on all ranks: (this rank's
+        metrics, each a part-wide sum or token-weighted mean; the pre-clip grad norm; whether the step was applied)."""
+        normalizer = loss_agg.normalizer_of(self.loss_agg, num_tokens, num_sequences)
+        agg = {"loss_agg": self.loss_agg, "normalizer": normalizer, "max_tokens": self.max_tokens}
         token_means = ("clip_frac", "ratio_mean", "importance_weight_mean", "importance_weight_used_mean",
                        "importance_truncated_frac", "importance_masked_frac")
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", *token_means), 0.0)
         weight_max = 0.0
-        for k, mb in enumerate(batches):
-            self.engine.set_gradient_accumulation_boundary(k == len(batches) - 1)
+        for k, mb in enumerate(part):
+            self.engine.set_gradient_accumulation_boundary(k == len(part) - 1)
             logprobs, entropy = self._forward(self.engine, self._logprobs, mb.input_ids, chunks=chunks,
                                               entropy="grad" if self.entropy_coef > 0 else True,
                                               attention_mask=mb.attention_mask, position_ids=mb.position_ids,
                                               mask=mb.mask)
-            # pi_old, the proximal policy, is the weights at the start of this step, and one batch is one optimizer
-            # step: the weights of this forward. Its log-probs, detached, are pi_old's, so no separate no-grad
-            # forward per micro-batch is run for them (a quarter of the step's forward and backward compute)
-            mb.old_logprobs = logprobs.detach()
+            if self.optimizer_steps == 1:
+                # pi_old, the proximal policy, is the weights at the start of this step, and the batch is one
+                # optimizer step: the weights of this forward. Its log-probs, detached, are pi_old's, so no separate
+                # no-grad forward is run for them (a quarter of the step's forward and backward compute)
+                mb.old_logprobs = logprobs.detach()
             pg_loss, stats = self._policy_loss(logprobs, mb.old_logprobs, mb.behaviour_logprobs, mb.advantages, mb.mask,
                                                segments=mb.segments, **agg, **self._loss_kwargs)
             loss = pg_loss
@@ -353,7 +426,7 @@ class DeepSpeedTrainer:
                 loss = loss - policy_losses.entropy_bonus(entropy, mb.mask, self.entropy_coef, segments=mb.segments,
                                                           **agg)
             # DeepSpeed averages gradients over the ranks; each rank's loss is its part of the batch's sum
-            self.engine.backward(loss * shard.world_size)
+            self.engine.backward(loss * world_size)
 
             share = float(mb.mask.sum()) / max(num_tokens, 1.0)  # token-weighted means across micro-batches
             sums["entropy"] += float((entropy.detach() * mb.mask).sum()) / max(num_tokens, 1.0)
@@ -368,33 +441,12 @@ class DeepSpeedTrainer:
         # bf16 alike); without ZeRO the plain torch optimizer would apply it (and poison its moments), so it is held
         # here. The norm is taken after the all-reduce, so every rank decides alike.
         held = grad_norm is not None and not math.isfinite(grad_norm)
-        if self.lr_schedule and self.engine.lr_scheduler is None:
-            for group in self.engine.optimizer.param_groups:
-                group["lr"] = self.lr * lr_factor(self.lr_schedule, self.version)
-        lr = float(self.engine.optimizer.param_groups[0]["lr"])  # the rate this step uses, whoever set it
         frozen = self.critic is not None and self.version < self.critic.warmup_steps  # ppo.critic_warmup_steps
         with optimizer_held(self.engine.optimizer) if held or frozen else contextlib.nullcontext():
             self.engine.step()  # its bookkeeping (step count, zeroed gradients) runs either way
-        self.version += 1
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()  # ZeRO 1-3 optimizers record the pre-clip norm
-        applied = not held and self.engine.was_step_applied()
-        critic_metrics = self.critic.train(batches, value_targets, num_tokens, shard.world_size, optimizer_held) if self.critic else {}
-        return {
-            **sums,
-            # "": finite; "skipped": a non-finite loss or gradient, not applied (the weights are as before);
-            # "poisoned": the update made the weights non-finite (e.g. a learning rate too large)
-            "nonfinite": nonfinite_verdict(sums["loss"], grad_norm, applied, self._weights_finite()),
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "importance_weight_max": weight_max,
-            "reward_mean": shard.reward_mean,
-            "tokens": int(sum(float(mb.mask.sum()) for mb in batches)),
-            "micro_batches": len(batches),
-            "step_time_s": time.perf_counter() - t0,
-            "version": self.version,
-            "lr": lr,
-            **critic_metrics,
-        }
+        return {**sums, "importance_weight_max": weight_max}, grad_norm, not held and self.engine.was_step_applied()
 
     def _weights_finite(self) -> bool:
         """Whether every weight this rank holds is finite (under ZeRO-3 its partition: each rank checks its own)."""

@@ -32,6 +32,7 @@ NAMES: dict[str, str | None] = {
     "step_time_s": "train/step_time_s",
     "trainer_idle_ratio": "train/step_idle_ratio",
     "micro_batches": "train/batch/micro_batches",
+    "optimizer_steps": "train/batch/optimizer_steps",  # train.epochs x train.mini_batches, when above 1
     "rank_token_imbalance": "train/batch/rank_token_imbalance",
     "grad_norm": "train/optim/grad_norm",
     "lr": "train/optim/lr",
@@ -39,6 +40,8 @@ NAMES: dict[str, str | None] = {
     "kl": "train/policy/kl",
     "clip_frac": "train/policy/clip_frac",
     "ratio_mean": "train/policy/ratio_mean",
+    "ratio_mean_first": "train/policy/ratio_mean_first",  # with several optimizer steps a batch: 1 on its first
+    "ratio_mean_last": "train/policy/ratio_mean_last",  # and its last, where pi_old is furthest behind
     "importance_weight_mean": "train/policy/importance_weight_mean",
     "importance_weight_max": "train/policy/importance_weight_max",
     "importance_weight_used_mean": "train/policy/importance_weight_used_mean",

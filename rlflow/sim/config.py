@@ -48,10 +48,15 @@ class LengthSpec:
             raise SimConfigError("lengths.prompt_share: recorded lengths carry no prompt; use kind lognormal, or 0")
 
 
+#: a forward's share of a forward and backward pass (the backward costs about two forwards)
+FORWARD_SHARE = 1 / 3
+
+
 @dataclass(frozen=True)
 class TrainerModel:
-    """Train-step time: fixed t_step, or base_s + s_per_token * batch tokens (prompt + response)
-    + s_per_micro_batch * the micro-batches each rank runs.
+    """Train-step time: fixed t_step, or base_s + passes x (s_per_token * batch tokens (prompt + response)
+    + s_per_micro_batch * the micro-batches each rank runs); passes is 1 unless train.epochs / train.mini_batches
+    make a batch several optimizer steps (the extra optimizer updates themselves are not charged: base_s holds one).
 
     Micro-batches (rlflow run's stages/batch_shards.py): a rank's share of the rows, micro_rows at a time
     (DeepSpeed's train_micro_batch_size_per_gpu), and with packing at most micro_tokens tokens each where the plan
@@ -64,6 +69,8 @@ class TrainerModel:
     ranks: int = 1
     micro_rows: int = 8
     micro_tokens: int | None = None
+    epochs: int = 1  # train.epochs: passes over each batch
+    mini_batches: int = 1  # train.mini_batches: optimizer steps per pass
 
     def __post_init__(self):
         if self.t_step is None and self.base_s <= 0 and self.s_per_token <= 0 and self.s_per_micro_batch <= 0:
@@ -80,11 +87,19 @@ class TrainerModel:
             return max(1, by_rows)
         return max(1, by_rows, math.ceil(tokens / self.ranks / self.micro_tokens))
 
+    @property
+    def passes(self) -> float:
+        """Forward-and-backward passes over a batch, in units of one: `epochs`, plus with several optimizer steps
+        the no-grad forward that takes pi_old's log-probs first (FORWARD_SHARE of a pass; with one step they come
+        from the training forward itself)."""
+        return self.epochs + (FORWARD_SHARE if self.epochs * self.mini_batches > 1 else 0.0)
+
     def step_time(self, tokens: float, rows: int = 0) -> float:
         if self.t_step is not None:
             return self.t_step
         micro = self.micro_batches(rows, tokens) if self.s_per_micro_batch else 0
-        return self.base_s + self.s_per_token * tokens + self.s_per_micro_batch * micro
+        micro = math.ceil(micro / self.mini_batches) * self.mini_batches  # as stages/batch_shards.py rounds it
+        return self.base_s + self.passes * (self.s_per_token * tokens + self.s_per_micro_batch * micro)
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,8 @@ def sim_config(plan: dict | Plan, *, steps: int, mode: str | None = None, instan
             notes.append(f"trainer speed assumed equal to rollout speed (rho = 1, {v_t:,.0f} tokens/s"
                          + (f", summed over {len(rollouts)} rollout stages" if len(rollouts) > 1 else "")
                          + "); set workload.train_tokens_per_s or --train-tokens-per-s")
-        trainer = TrainerModel(s_per_token=1.0 / v_t)
+        split = micro_batching(plan)
+        trainer = TrainerModel(s_per_token=1.0 / v_t, epochs=split["epochs"], mini_batches=split["mini_batches"])
     control_fields = (measured_control(measured, notes) if from_run and not control_costs
                       else control_cost_fields(control_costs, notes))
     return SimConfig(**config_kw, trainer=trainer, **common, **control_fields), notes
@@ -306,7 +307,8 @@ def micro_batching(plan: Plan) -> dict:
     # row_token_bound); not modelled: micro-batches are counted by rows (the bound did not bind in the quickstart's
     # calibration runs: 16 micro-batches of 8 rows a step)
     tokens = kw.get("micro_batch_tokens") if kw.get("packing") else None
-    return {"ranks": t.replicas, "micro_rows": int(rows or 8), "micro_tokens": tokens}
+    return {"ranks": t.replicas, "micro_rows": int(rows or 8), "micro_tokens": tokens,
+            "epochs": kw.get("epochs", 1), "mini_batches": kw.get("mini_batches", 1)}
 
 
 def measured_trainer(plan: Plan, measured: MeasuredProfile, ranks: int | None = None) -> TrainerModel:

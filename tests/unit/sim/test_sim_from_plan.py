@@ -203,3 +203,14 @@ def test_out_of_range_coordinator_knobs_are_compile_errors(knob, value):
 
     with pytest.raises(PipelineInvalid, match=knob):
         _plan(STALEFLOW, f"stages.rollout.coordinator.{knob}={value}")
+
+
+def test_epochs_and_mini_batches_charge_the_trainer_more_time_per_batch():
+    """train.epochs passes and pi_old's extra forward (issue 49): the simulated step grows as the run's does."""
+    one, _ = sim_config(_plan(QUICKSTART), steps=2)
+    more, _ = sim_config(_plan(QUICKSTART, "stages.train.epochs=2", "stages.train.mini_batches=2"), steps=2)
+    assert (more.trainer.epochs, more.trainer.mini_batches, more.trainer.passes) == (2, 2, 2 + 1 / 3)
+    tokens, rows = 4096.0, 64
+    assert more.trainer.step_time(tokens, rows) == pytest.approx(one.trainer.step_time(tokens, rows) * (2 + 1 / 3))
+    single = sim_config(_plan(QUICKSTART, "stages.train.mini_batches=1", "stages.train.epochs=1"), steps=2)[0]
+    assert single.trainer.passes == 1  # one optimizer step: pi_old comes from the training forward itself

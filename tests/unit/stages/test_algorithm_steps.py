@@ -17,7 +17,7 @@ def batch(tiny_llama_dir):
     return make_batch(load_hf(tiny_llama_dir), n_groups=2)
 
 
-@pytest.mark.parametrize("kw", [
+ALGOS = pytest.mark.parametrize("kw", [
     dict(algo="dr_grpo", loss_agg="seq-mean-token-sum-norm", max_new_tokens=16),
     dict(algo="rloo", loss_agg="token-mean"),
     dict(algo="reinforce_pp", loss_agg="token-mean", kl_coef=0.05),  # the KL folded into the reward
@@ -29,6 +29,9 @@ def batch(tiny_llama_dir):
     dict(algo="ppo", loss_agg="token-mean", kl_coef=0.05, packing=True, algo_options={"critic_lr": 1e-3}),  # KL in the reward
 ], ids=["dr_grpo", "rloo", "reinforce_pp", "reinforce_pp-kl-loss-packed", "gspo", "cispo-packed", "grpo-entropy-overlong",
         "ppo-kl-packed"])
+
+
+@ALGOS
 def test_one_step_runs_and_moves_the_weights(tiny_llama_dir, batch, kw):
     from trainer_batches import GROUP
 
@@ -72,3 +75,26 @@ def test_the_constant_normaliser_needs_the_generation_budget(tiny_llama_dir):
     with pytest.raises(ValueError, match="max_new_tokens"):
         DeepSpeedTrainer(tiny_llama_dir, os.path.join(REPO, "configs", "deepspeed", "zero0.json"), lr=1e-3,
                          loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, algo="dr_grpo", **PPO)
+
+
+@ALGOS
+def test_epochs_of_mini_batches_take_several_optimizer_steps_on_one_version(tiny_llama_dir, batch, kw):
+    """train.epochs x train.mini_batches optimizer steps per batch, pi_old taken once before the first: the ratio is 1
+    on the first step (fresh data, these weights) and departs from 1 after it, where the clip can act; the batch is
+    one weights version, and DeepSpeed's step count (saved with a checkpoint) counts the optimizer steps."""
+    from trainer_batches import GROUP
+
+    from rlflow.stages.trainer import DeepSpeedTrainer
+
+    tr = DeepSpeedTrainer(tiny_llama_dir, os.path.join(REPO, "configs", "deepspeed", "zero0.json"), lr=1e-2,
+                          micro_batch_size=4, epochs=2, mini_batches=2, **{"kl_coef": 0.0, **PPO, **kw})
+    try:
+        m = tr.train_step(batch, GROUP)
+        counters = tr.counters()
+    finally:
+        tr.close()
+    assert m["version"] == 1 and m["optimizer_steps"] == 4 and counters == {"version": 1, "optimizer_steps": 4}
+    assert m["micro_batches"] % 2 == 0 and math.isfinite(m["loss"]) and m["nonfinite"] == ""
+    assert m["ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(m["ratio_mean_last"] - 1.0) > 1e-4  # pi_old is the batch's first weights, three steps back
+    assert 0.0 <= m["clip_frac"] <= 1.0  # reported, a mean over the optimizer steps

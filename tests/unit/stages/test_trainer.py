@@ -133,6 +133,23 @@ def test_checkpoint_restores_version_weights_and_optimizer(tiny_llama_dir, stage
         np.testing.assert_allclose(got[name], expected[name], atol=1e-6, err_msg=name)
 
 
+def test_a_checkpoint_counts_the_optimizer_steps_of_epochs_and_mini_batches(tiny_llama_dir, tmp_path):
+    batch = make_batch(load_hf(tiny_llama_dir))
+    first = trainer(tiny_llama_dir, 0, epochs=2, mini_batches=3)
+    try:
+        first.train_step(batch, GROUP)
+        saved = first.save_checkpoint(str(tmp_path), {"step": 1})
+    finally:
+        first.close()
+    assert saved == {"version": 1, "optimizer_steps": 6}  # one version, six optimizer steps
+    resumed = trainer(tiny_llama_dir, 0, epochs=2, mini_batches=3)
+    try:
+        resumed.load_checkpoint(str(tmp_path))
+        assert resumed.counters() == saved  # what a resume checks against the run's state (checkpoint.agree)
+    finally:
+        resumed.close()
+
+
 def test_load_checkpoint_from_an_empty_directory_fails_loudly(tiny_llama_dir, tmp_path):
     tr = trainer(tiny_llama_dir, 0)
     try:
