@@ -224,6 +224,10 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
                 config = _read_json(path, stage.deepspeed, loc + ("deepspeed",), problems)
                 _check_lora(spec, stage, config, loc, problems)
             _check_overlong(spec, stage, loc, problems)
+            if stage.distill is not None:
+                from rlflow.distill_checks import check_teacher
+
+                check_teacher(spec, stage.distill.teacher, loc + ("distill", "teacher"), base_dir, problems, resolve_path)
     for name in rollouts[1:]:  # the trainer recomputes the behaviour log-probs at one temperature
         first, t = rollouts[0], spec.stages[name].temperature
         if t != spec.stages[first].temperature:

@@ -169,6 +169,9 @@ def _actors(spec: Pipeline, tasks: dict[str, dict], base_dir: Path) -> list[dict
                           "temperature": spec.stages[rollouts[0]].temperature, "seed": spec.seed, "dtype": spec.model.dtype}
         trainer_kwargs |= _algorithm_kwargs(spec, s, rollouts)
         trainer_kwargs |= lora_kwargs(spec)
+        if s.distill is not None:  # the teacher, found like the pipeline's files
+            trainer_kwargs["distill"] = {**s.distill.model_dump(),
+                                         "teacher": str(resolve_path(s.distill.teacher, base_dir) or s.distill.teacher)}
         if s.ppo is not None and s.ppo.critic_model:  # the critic's own model, found like the pipeline's files
             trainer_kwargs["algo_options"]["critic_model"] = str(resolve_path(s.ppo.critic_model, base_dir) or s.ppo.critic_model)
         actors.append({"name": name, "role": "trainer", "stage": name, "replicas": s.replicas, "num_cpus": s.num_cpus, "num_gpus": s.num_gpus,

@@ -421,6 +421,20 @@ class ReinforcePPOptions(Strict):
     the loss as the other algorithms do."""
 
 
+class DistillOptions(Strict):
+    """On-policy distillation (train.distill; stages/distill.py): a frozen teacher's log-probs of the student's own
+    samples as a per-token advantage, coef x (log pi_teacher - log pi_sampler), beside the reward's."""
+
+    teacher: str
+    """The teacher: a Hugging Face causal-LM directory (relative to the pipeline file) with the student's vocabulary;
+    it scores the sampled tokens on the trainer's ranks, frozen."""
+    coef: Annotated[float, Field(gt=0)] = 1.0
+    """Weight of the teacher's per-token signal (the negative reverse KL of each sampled token)."""
+    reward_weight: Annotated[float, Field(ge=0)] = 1.0
+    """Weight of the reward's advantage beside it; 0: the teacher alone (the reward stage still scores every sample,
+    which is how the run measures the student)."""
+
+
 class PpoOptions(Strict):
     """PPO's options (train.ppo, with algo ppo): a learned critic, trained as its own DeepSpeed engine on the trainer's
     ranks, and GAE advantages from its values (stages/critic.py, stages/advantages.py gae)."""
@@ -524,6 +538,10 @@ class TrainStage(Strict):
     """Optimizer steps per pass: each pass cuts the batch into this many mini-batches of near-equal tokens, one
     optimizer step each (verl's train_batch_size / ppo_mini_batch_size). A batch then takes epochs x mini_batches
     optimizer steps and publishes one weights version; staleness and `steps` count batches (versions)."""
+    distill: DistillOptions | None = None
+    """On-policy distillation from a teacher model, e.g. `{teacher: ../teacher, coef: 1.0}`: each sampled token's
+    advantage gains coef x (log pi_teacher - log pi_sampler), alone (`reward_weight: 0`) or beside the reward's
+    (null: none). docs/guides/algorithms.md"""
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty to the initial policy (0 disables the reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] | None = None

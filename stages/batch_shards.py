@@ -112,7 +112,7 @@ def shard_batch(
 SUMMED = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "ratio_mean_first", "ratio_mean_last",
           "importance_weight_mean",
           "importance_weight_used_mean", "importance_truncated_frac", "importance_masked_frac", "tokens",
-          "critic_loss", "value_mean", "value_clip_frac")  # the last three: algo ppo's critic (stages/critic.py)
+          "critic_loss", "value_mean", "value_clip_frac", "distill_reverse_kl")  # the last three: algo ppo's critic (stages/critic.py)
 
 
 def merge_rank_metrics(per_rank: list[dict]) -> dict:

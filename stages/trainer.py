@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.stages import advantages, critic, grpo, kl, loss_agg, packing, policy_losses
+from rlflow.stages import advantages, critic, distill, grpo, kl, loss_agg, packing, policy_losses
 from rlflow.stages.batch_shards import BatchShard, cost, shard_batch
 from rlflow.stages.deepspeed_setup import checkpoint_layers_in_eval, engine_config, init_distributed, load_model
 from rlflow.stages.logprobs import TokenLogprobs, supports
@@ -73,6 +73,7 @@ class DeepSpeedTrainer:
         lora: dict | None = None,
         epochs: int = 1,
         mini_batches: int = 1,
+        distill: dict | None = None,
     ):
         """packing: each micro-batch's trajectories in one row without padding (stages/packing.py), checked on this
         model at start; micro_batch_tokens: with packing, at most this many tokens per micro-batch (None: as many
@@ -85,7 +86,9 @@ class DeepSpeedTrainer:
         max_new_tokens: the generation budget, L of loss_agg seq-mean-token-sum-norm; overlong: keyword arguments of
         reward_shaping.overlong_penalty (None: no shaping). lora: train.lora ({rank, alpha, target_modules, dropout}):
         only the adapters are trained and published (stages/lora.py; None: the whole model). epochs, mini_batches:
-        each batch trained in `epochs` passes of `mini_batches` optimizer steps (train.epochs, train.mini_batches)."""
+        each batch trained in `epochs` passes of `mini_batches` optimizer steps (train.epochs, train.mini_batches).
+        distill: train.distill ({teacher: a model directory, coef, reward_weight}): on-policy distillation from the
+        frozen teacher (stages/distill.py; None: none)."""
         import deepspeed
 
         loss_agg_mode = loss_agg_mode_of(loss_agg, max_new_tokens)
@@ -176,16 +179,25 @@ class DeepSpeedTrainer:
             lora_adapters.dropout_on(self.engine.module)  # train.lora.dropout, LoRA's own regulariser (0: none)
         if gradient_checkpointing:
             checkpoint_layers_in_eval(self.engine.module)
-        self.ref_model = None
-        if ref is not None and zero3:  # an engine without optimizer: it gathers the partitioned weights per layer
-            inference = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
-            self.ref_model, *_ = deepspeed.initialize(model=ref, config=inference)
-            self.ref_model.eval()
-        elif ref is not None:  # in the engine's compute dtype, so the KL compares like with like
-            self.ref_model = ref.to(self.engine.device, dtype=next(self.engine.module.parameters()).dtype)
+        self.ref_model = self._frozen(ref, cfg, zero3) if ref is not None else None
+        #: on-policy distillation's teacher (train.distill), frozen like the reference: its own weights
+        self.distill = {"coef": distill.get("coef", 1.0), "reward_weight": distill.get("reward_weight", 1.0)} \
+            if distill is not None else None
+        teacher = None
+        if distill is not None:
+            teacher = load_model(distill["teacher"], cfg if zero3 else None)
+            if teacher.config.vocab_size != model.config.vocab_size:  # a builtin student is known only now
+                raise ValueError(f"train.distill.teacher {distill['teacher']} has a vocabulary of "
+                                 f"{teacher.config.vocab_size} tokens and the student {model.config.vocab_size}: "
+                                 "the teacher cannot score the student's tokens; use a teacher of its tokenizer")
+            teacher.config.use_cache = False
+            teacher.eval().requires_grad_(False)
+        self.teacher = self._frozen(teacher, cfg, zero3) if teacher is not None else None
         chunked = logit_chunk_tokens != 0 and supports(model)  # attached after deepspeed.initialize (its docstring)
         self._logprobs = TokenLogprobs(model, logit_chunk_tokens) if chunked else None
         self._ref_logprobs = TokenLogprobs(ref, logit_chunk_tokens) if chunked and ref is not None else None
+        self._teacher_logprobs = (TokenLogprobs(teacher, logit_chunk_tokens)
+                                  if teacher is not None and logit_chunk_tokens != 0 and supports(teacher) else None)
         self._check_forward(dtype)
         self.critic = None
         if ppo is not None:  # PPO's critic: its own engine and optimizer on these ranks (stages/critic.py)
@@ -197,6 +209,18 @@ class DeepSpeedTrainer:
                 checkpoint_layers_in_eval(self.critic.engine.module)
 
     # ------------------------------------------------------------------ batching
+
+    def _frozen(self, model, cfg: dict, zero3: bool):
+        """A model that only scores (the reference, the teacher): under ZeRO-3 an engine without optimizer, which
+        gathers the partitioned weights per layer; else the model on the engine's device in its compute dtype, so
+        its log-probs compare like with like."""
+        import deepspeed
+
+        if zero3:
+            inference = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
+            engine, *_ = deepspeed.initialize(model=model, config=inference)
+            return engine.eval()
+        return model.to(self.engine.device, dtype=next(self.engine.module.parameters()).dtype)
 
     def _micro_batches(self, shard: BatchShard) -> list[packing.MicroBatch]:
         """Exactly shard.micro_batches micro-batches: packed rows of near-equal tokens, or length-sorted padded rows
@@ -332,6 +356,7 @@ class DeepSpeedTrainer:
                                        self.kl_estimator) if self.kl_in_reward else None for mb in batches]
             value_targets = self.critic.advantages(batches, kl_rewards, shard.world_size)
 
+        distilled = self._distill(batches, chunks, num_tokens) if self.teacher is not None else {}
         if self.optimizer_steps > 1:  # pi_old: the weights before the batch's first optimizer step, taken once
             with torch.no_grad():
                 for mb in batches:
@@ -379,7 +404,22 @@ class DeepSpeedTrainer:
             "version": self.version,
             "lr": lr,
             **critic_metrics,
+            **distilled,
         }
+
+    def _distill(self, batches: list[packing.MicroBatch], chunks: int | None, num_tokens: float) -> dict[str, float]:
+        """On-policy distillation (stages/distill.py): each micro-batch's advantages become per-token, the teacher's
+        log-probs of the sampled tokens against the sampler's added in. Returns this rank's part of the batch's mean
+        reverse KL (to the teacher, on the samples)."""
+        kl_sum = 0.0
+        with torch.no_grad():
+            for mb in batches:
+                teacher, _ = self._forward(self.teacher, self._teacher_logprobs, mb.input_ids, chunks=chunks,
+                                           attention_mask=mb.attention_mask, position_ids=mb.position_ids, mask=mb.mask)
+                kl_sum += distill.reverse_kl(teacher, mb.behaviour_logprobs, mb.mask)[0]
+                mb.advantages = distill.token_advantages(mb.advantages, teacher, mb.behaviour_logprobs, mb.mask,
+                                                         **self.distill)
+        return {"distill_reverse_kl": kl_sum / max(num_tokens, 1.0)}
 
     def _counts(self, part: list[packing.MicroBatch], world_size: int) -> tuple[float, float]:
         """(trained tokens, non-empty sequences) of a mini-batch on all ranks: its loss normalisers."""
@@ -538,6 +578,6 @@ class DeepSpeedTrainer:
     def close(self) -> None:
         """Drop the engine and models. The process group stays: it is process-wide and other engines may share it."""
         self.engine = None
-        self.ref_model = None
-        self._logprobs = self._ref_logprobs = None
+        self.ref_model = self.teacher = None
+        self._logprobs = self._ref_logprobs = self._teacher_logprobs = None
         self.critic = None

@@ -47,6 +47,7 @@ NAMES: dict[str, str | None] = {
     "importance_weight_used_mean": "train/policy/importance_weight_used_mean",
     "importance_truncated_frac": "train/policy/importance_truncated_frac",
     "importance_masked_frac": "train/policy/importance_masked_frac",
+    "distill_reverse_kl": "train/policy/distill_reverse_kl",  # train.distill: KL(student || teacher) on the samples
     # algo ppo's critic (stages/critic.py)
     "critic_loss": "train/critic/loss",
     "value_mean": "train/critic/value_mean",

@@ -246,3 +246,41 @@ def test_environment_tokens_are_context_not_trained(tiny_llama_dir):
         tr.close()
     assert m["tokens"] == sum(t.loss_mask.count(1) for t in masked) < sum(len(t.completion_ids) for t in masked)
     assert m["importance_weight_max"] == pytest.approx(1.0, abs=1e-4)  # on-policy over the trained tokens only
+
+
+def test_on_policy_distillation_moves_the_student_toward_the_teacher(tiny_llama_dir, tmp_path):
+    """train.distill with reward_weight 0 (the teacher alone): a teacher that prefers the rewarded completions (it was
+    trained on them) pulls the student there without any reward; a teacher equal to the student gives a KL of 0 and
+    no signal."""
+    initial = load_hf(tiny_llama_dir)
+    batch = make_batch(initial)
+    rl = trainer(tiny_llama_dir, 0)
+    try:
+        for _ in range(4):
+            rl.train_step(batch, GROUP)
+        teacher = load_hf(tiny_llama_dir, rl.state_numpy())
+    finally:
+        rl.close()
+    teacher.save_pretrained(tmp_path / "teacher")
+    rewards = [t.reward for t in batch]
+    for t in batch:
+        t.reward = 0.0  # no reward signal at all: what moves the student is the teacher
+    student = trainer(tiny_llama_dir, 0, distill={"teacher": str(tmp_path / "teacher"), "coef": 1.0,
+                                                  "reward_weight": 0.0})
+    try:
+        metrics = [student.train_step(batch, GROUP) for _ in range(4)]
+        trained = load_hf(tiny_llama_dir, student.state_numpy())
+    finally:
+        student.close()
+    # the KL is measured with the sampler's log-probs (make_batch's: the initial student's) against the teacher's
+    assert abs(metrics[0]["distill_reverse_kl"]) > 0.05 and all(m["reward_mean"] == 0.0 for m in metrics)
+    for t, r in zip(batch, rewards):
+        t.reward = r  # which ones the teacher was trained to prefer
+    assert mean_logprob(trained, batch, True) > mean_logprob(initial, batch, True) + 0.5
+
+    same = trainer(tiny_llama_dir, 0, distill={"teacher": tiny_llama_dir, "reward_weight": 0.0})
+    try:
+        m = same.train_step(make_batch(initial, seed=5), GROUP)
+    finally:
+        same.close()
+    assert abs(m["distill_reverse_kl"]) < 1e-4 and m["grad_norm"] < 1e-3  # the student is its teacher already
