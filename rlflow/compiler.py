@@ -41,8 +41,7 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
         if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
             check_machine(spec, problems)
     if problems:
-        located = [p if p.line else type(p)(p.loc, p.message, p.rule, p.fix, doc.line_of(p.loc)) for p in problems]
-        raise PipelineInvalid(doc.source, located)
+        raise PipelineInvalid(doc.source, [doc.locate(p) for p in problems])  # a line of the file, or the --set
     return spec, doc
 
 

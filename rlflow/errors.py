@@ -34,9 +34,10 @@ class Problem:
     rule: str  # short rule id, e.g. 'unknown-stage'
     fix: str = ""  # the way out
     line: int | None = field(default=None, compare=False)
+    override: str | None = field(default=None, compare=False)  # the `--set key=value` that put the value there
 
     def render(self) -> str:
-        where = format_loc(self.loc) + (f" (line {self.line})" if self.line else "")
+        where = format_loc(self.loc) + (f" (line {self.line})" if self.line else "") + (f" (--set {self.override})" if self.override else "")
         fix = f"; {self.fix}" if self.fix else ""
         return f"{where}: {self.message}{fix} [{self.rule}]"
 

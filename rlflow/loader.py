@@ -8,6 +8,7 @@ Anchors, aliases and merge keys (`<<: *base`) work. `--set` overrides are applie
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
@@ -23,6 +24,22 @@ class Document:
         self.source = source
         self.data = data
         self.lines = lines
+        self.overrides: dict[Loc, str] = {}  # the paths a `--set` wrote (or created on its way): its 'key=value'
+
+    def override_of(self, loc: Loc) -> str | None:
+        """The `--set` that wrote `loc` or the nearest of its ancestors, or None: the value is the file's."""
+        loc = tuple(loc)
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in self.overrides:
+                return self.overrides[loc[:n]]
+        return None
+
+    def locate(self, problem: Problem) -> Problem:
+        """`problem` pointing at where its value came from: the `--set` that wrote it, else its line of the file."""
+        override = self.override_of(problem.loc)
+        if override is not None:
+            return dataclasses.replace(problem, line=None, override=override)
+        return problem if problem.line else dataclasses.replace(problem, line=self.line_of(problem.loc))
 
     def line_of(self, loc: Loc) -> int | None:
         """Line of `loc`, or of its nearest ancestor that has one."""
@@ -198,10 +215,15 @@ def apply_overrides(doc: Document, overrides: list[str]) -> None:
             value = raw
         parts: list = [int(p) if p.isdigit() else p for p in key.split(".")]
         try:
-            _set(doc.data, parts, value)
+            written = _set(doc.data, parts, value)
         except _BadPath as bad:
             problems.append(Problem(("--set",), f"'{key}': {bad}", "bad-override",
                                     "point --set at a field inside the pipeline, e.g. stages.train.lr=1e-5"))
+            continue
+        for loc in list(doc.overrides):  # what an earlier override wrote beneath this one is gone
+            if loc[:len(parts)] == tuple(parts):
+                del doc.overrides[loc]
+        doc.overrides.update((loc, item) for loc in written)
     if problems:
         raise PipelineInvalid(doc.source, problems)
 
@@ -210,8 +232,10 @@ class _BadPath(Exception):
     pass
 
 
-def _set(node, parts: list, value) -> None:
-    """Set node[parts[0]][parts[1]]... = value, creating mappings that are missing."""
+def _set(node, parts: list, value) -> list[Loc]:
+    """Set node[parts[0]][parts[1]]... = value, creating mappings that are missing; the paths written (the value's,
+    and those of the mappings created)."""
+    written: list[Loc] = []
     for depth, part in enumerate(parts):
         last = depth == len(parts) - 1
         where = ".".join(map(str, parts[:depth]))
@@ -222,7 +246,10 @@ def _set(node, parts: list, value) -> None:
             raise _BadPath(f"'{where}' is not a mapping or list")
         if last:
             node[part] = value
+            written.append(tuple(parts))
         else:
             if isinstance(node, dict) and part not in node:
                 node[part] = {}
+                written.append(tuple(parts[:depth + 1]))
             node = node[part]
+    return written

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlflow.errors import PipelineInvalid, Problem, did_you_mean
 from rlflow.loader import Document
+from rlflow.peer_names import suggest
 from rlflow.schema import Pipeline
 
 
@@ -23,7 +24,7 @@ def validate(doc: Document) -> Pipeline:
     try:
         return Pipeline.model_validate(doc.data)
     except ValidationError as e:
-        problems = [_problem(err, doc) for err in e.errors(include_url=False)]
+        problems = [doc.locate(_problem(err, doc)) for err in e.errors(include_url=False)]
         raise PipelineInvalid(doc.source, problems) from None
 
 
@@ -56,7 +57,7 @@ def validate_partial(doc: Document) -> tuple[Pipeline | None, list[Problem], Rep
         return Pipeline.model_validate(doc.data), [], repairs
     except ValidationError as e:
         errors = e.errors(include_url=False)
-    problems = [_problem(err, doc) for err in errors]
+    problems = [doc.locate(_problem(err, doc)) for err in errors]
     data = copy.deepcopy(doc.data)
     for err in errors:
         loc = _clean_loc(tuple(err["loc"]), doc.data)
@@ -177,8 +178,9 @@ def _problem(err: dict, doc: Document) -> Problem:
 
     if typ == "extra_forbidden":
         allowed = _fields_of(owner) if owner else []
-        return Problem(loc, f"unknown field '{name}'{did_you_mean(name, allowed)}", "unknown-field",
-                       "fields allowed here: " + ", ".join(allowed) if allowed else "remove it", line)
+        hint, fix = suggest(name, owner, allowed, doc.data)  # TRL's, verl's and OpenRLHF's names first (rlflow/peer_names.py)
+        return Problem(loc, f"unknown field '{name}'{hint}", "unknown-field",
+                       fix or ("fields allowed here: " + ", ".join(allowed) if allowed else "remove it"), line)
     if typ == "missing":
         return Problem(loc, f"required field '{name}' is missing", "missing-field", help_ or "add it", line)
     if typ == "union_tag_invalid":
