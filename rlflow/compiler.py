@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlflow import devices, graph, loader, registry
+from rlflow import devices, graph, hub, loader, registry
+from rlflow.component_checks import resolve_path
 from rlflow.draw import render_svg
 from rlflow.errors import PipelineInvalid
 from rlflow.placement import check_stage_resources
@@ -14,6 +15,7 @@ from rlflow.plan_model import Plan, PlanOutdated
 from rlflow.resource_checks import check_machine
 from rlflow.reward_scorers import check_reward_gpus, reward_settings
 from rlflow.schema import Pipeline
+from rlflow.tool_checks import picked_tool_parsers
 from rlflow.user_code import python_path, search_dirs
 from rlflow.validate import validate_partial
 
@@ -31,6 +33,9 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
     loader.apply_overrides(doc, list(overrides))
     spec, problems, repairs = validate_partial(doc)
     if spec is not None:
+        # Hub ids -> their snapshots in the local Hub cache (rlflow/hub.py); what they resolved to goes into the plan
+        spec, doc.hub, hub_problems = hub.resolve_spec(spec, Path(path).resolve().parent)
+        problems += hub_problems
         problems += [p for p in graph.check(spec, Path(path).resolve().parent) if not repairs.echoes(p)]
         problems += check_stage_resources(spec)
         count = devices.gpu_count(spec, gpus)
@@ -40,6 +45,7 @@ def check_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | None
         problems += [p for p in devices.check_sleep(devices.resolve(spec, placed)) if not repairs.echoes(p)]
         if gpus is None:  # compiled for this machine: its CPUs bound the embedded cluster
             check_machine(spec, problems)
+        problems = hub.without_echoes(problems, hub_problems)
     if problems:
         raise PipelineInvalid(doc.source, [doc.locate(p) for p in problems])  # a line of the file, or the --set
     return spec, doc
@@ -52,14 +58,31 @@ def compile_pipeline(path: str | Path, overrides: list[str] = (), gpus: int | No
     were found in beside the pipeline or in the working directory; every worker needs them on its path.
     plan["devices"]: where each stage runs and in which dtype (rlflow/devices.py); the plan's pipeline has them written in.
     """
-    spec, _ = check_pipeline(path, overrides, gpus)
+    spec, doc = check_pipeline(path, overrides, gpus)
     text = Path(path).read_text()
     base_dir = Path(path).resolve().parent
+    spec, picked = _pick_tool_parsers(spec, base_dir)
     placed, _ = devices.place(spec, devices.gpu_count(spec, gpus))
     plan = lower(devices.resolve(spec, placed), source=str(path), text=text, overrides=list(overrides), base_dir=base_dir)
     plan["python_path"] = python_path(import_strings(spec), search_dirs(base_dir))
     plan["devices"] = placed.as_dict() | {"given_gpus": gpus}
+    hub.annotate(plan, getattr(doc, "hub", {}))  # plan["hub"]: each Hub id, its revision and the snapshot used
+    if picked:  # rollout stage -> the tool_parser compile gave it, and the template marker that named it
+        plan["tool_parsers"] = {name: {"parser": parser, "from": "chat template", "marker": marker}
+                                for name, (parser, marker) in picked.items()}
     return plan
+
+
+def _pick_tool_parsers(spec: Pipeline, base_dir: Path) -> tuple[Pipeline, dict[str, tuple[str, str]]]:
+    """`spec` with the tool_parser the model's chat template names written into each stage with tools (or an agent)
+    that sets none (rlflow/tool_checks.py picked_tool_parsers), and those picks."""
+    picked = picked_tool_parsers(spec, base_dir, resolve_path)
+    if not picked:
+        return spec, picked
+    spec = spec.model_copy(deep=True)
+    for name, (parser, _) in picked.items():
+        spec.stages[name].tool_parser = parser
+    return spec, picked
 
 
 def gpus_given(plan: dict | Plan) -> int | None:
@@ -172,6 +195,12 @@ def _vllm_settings(actor: dict | None) -> str:
     return out + (", sleep mode" if kw.get("enable_sleep_mode") else "")
 
 
+def tool_parser_note(plan: dict) -> list[str]:
+    """The tool-call format compile picked from the model's chat template, per stage (compile_pipeline)."""
+    return [f"rollout '{name}' reads {p['parser']} tool calls: picked from the model's chat template (it has "
+            f"{p['marker']!r}); set tool_parser: to choose another" for name, p in (plan.get("tool_parsers") or {}).items()]
+
+
 def model_note(plan: dict) -> list[str]:
     """What a built-in model is, and what it was warm-started on: a user's own task must not meet an unknown model
     silently (builtin:tiny-llama knows only what it is warm-started on: rlflow/runtime/model.py warm_start_of)."""
@@ -191,7 +220,7 @@ def summary(plan: dict) -> str:
     tasks = plan["tasks"]
     data = p["data"]["source"] or f"{len(tasks)} task types"
     lines.append(f"  model {p['model']['path']} ({p['model']['dtype']}, max_model_len {p['model']['max_model_len']}); data {data}")
-    lines += [f"    {line}" for line in model_note(plan)]
+    lines += [f"    {line}" for line in model_note(plan) + tool_parser_note(plan)]
     rows = [["stage", "kind", "settings", "resources"]]
     for name in plan["graph"]["order"]:
         if name not in p["stages"]:

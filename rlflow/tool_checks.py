@@ -1,16 +1,84 @@
 """Compile-time rules of chat-form tool calling (a rollout stage's `tools:` and `tool_parser:`,
-rlflow/runtime/chat_episodes.py): every tool loads and has a valid schema, the parser is known, the stage can reach a
-second turn, and the model has a chat template to render tool messages with."""
+rlflow/runtime/chat_episodes.py): every tool loads and has a valid schema, the parser is known and fits the model's
+chat template, the stage can reach a second turn, and the model has a chat template to render tool messages with.
+
+A local model's chat template names its tool-call format by its markers (stages/tool_parsers.py
+parser_for_template): a stage with tools (or an agent) and no `tool_parser` gets that parser at compile, and the
+summary says so; a `tool_parser` the template contradicts is `tool-parser-mismatch`. Built-in models keep the rules
+as they are (`tools-need-parser`): their tokenizers are built, not read from a directory."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from rlflow.errors import Problem
 
 TINY = "builtin:tiny-llama"  # no template of its own: chat-form stages render it with stages/chat_template.py's
 
 
-def check_tool_stage(stage, loc: tuple, problems: list[Problem]) -> None:
-    """The tool settings of one rollout stage."""
+def template_text(model_dir: Path) -> str | None:
+    """The chat template of a local model directory's tokenizer (chat_template.jinja, chat_template.json or
+    tokenizer_config.json's `chat_template`; of named templates, `tool_use`, else `default`); None without one."""
+    try:
+        return (model_dir / "chat_template.jinja").read_text()
+    except (OSError, UnicodeDecodeError):
+        pass
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((model_dir / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        value = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(value, list):  # [{"name": ..., "template": ...}]
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            value = named.get("tool_use") or named.get("default")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def model_tool_format(spec, base_dir, resolve) -> tuple[str, str] | None:
+    """(parser, marker): the tool-call format a local model's chat template writes; None for a built-in model, a
+    model directory not at hand (its own rules name that), or a template without a known marker.
+    `resolve`: component_checks.resolve_path."""
+    from rlflow.stages.tool_parsers import parser_for_template
+
+    if spec.model.path.startswith("builtin:"):
+        return None
+    model_dir = resolve(spec.model.path, base_dir)
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        return None
+    return parser_for_template(template_text(model_dir))
+
+
+def picked_tool_parsers(spec, base_dir, resolve) -> dict[str, tuple[str, str]]:
+    """Rollout stages with tools or an agent and no tool_parser -> the (parser, marker) compile gives them from the
+    model's chat template; none when the template names no format."""
+    stages = [n for n, s in spec.stages.items()
+              if s.kind == "rollout" and (s.tools or s.agent is not None) and s.tool_parser is None]
+    found = model_tool_format(spec, base_dir, resolve) if stages else None
+    return dict.fromkeys(stages, found) if found else {}
+
+
+def check_parser_fits(parser: str | None, loc: tuple, problems: list[Problem], model_format: tuple[str, str] | None) -> None:
+    """A stage's explicit tool_parser against the format its model's chat template names (tool-parser-mismatch)."""
+    from rlflow.stages.tool_parsers import COMPATIBLE, PARSERS
+
+    if model_format is None or parser is None or parser not in PARSERS:
+        return
+    found, marker = model_format
+    if parser != found and parser not in COMPATIBLE.get(found, ()):
+        problems.append(Problem(loc + ("tool_parser",), f"tool_parser is {parser}, but the model's chat template writes "
+                                f"{found} calls (it has {marker!r}): every call the model makes would be missed or "
+                                "malformed", "tool-parser-mismatch",
+                                f"set tool_parser: {found}, or remove tool_parser (compile then picks {found} from the "
+                                "template)"))
+
+
+def check_tool_stage(stage, loc: tuple, problems: list[Problem], model_format: tuple[str, str] | None = None) -> None:
+    """The tool settings of one rollout stage; `model_format`: what its local model's chat template names
+    (model_tool_format), which an unset tool_parser takes."""
     from rlflow.stages.tool_parsers import PARSERS
     from rlflow.stages.tools import ToolError, load_tools
 
@@ -26,13 +94,15 @@ def check_tool_stage(stage, loc: tuple, problems: list[Problem]) -> None:
     elif stage.env_kwargs:
         problems.append(Problem(loc + ("env_kwargs",), "env_kwargs is set but the stage has tools, no environment",
                                 "turns-need-env", "remove env_kwargs (tools are functions, built with no arguments)"))
-    if stage.tool_parser is None:
-        problems.append(Problem(loc + ("tool_parser",), "tools are set but not the model's tool-call format",
-                                "tools-need-parser", f"set tool_parser: one of {', '.join(PARSERS)} (hermes: Qwen, "
-                                "Hermes, SmolLM2; json: Llama 3.1-style function-call JSON)"))
-    elif stage.tool_parser not in PARSERS:
+    if stage.tool_parser is None and model_format is None:
+        problems.append(Problem(loc + ("tool_parser",), "tools are set but not the model's tool-call format (and the "
+                                "model has no local chat template that names one)", "tools-need-parser",
+                                f"set tool_parser: one of {', '.join(PARSERS)} (hermes: Qwen2.5, Hermes, SmolLM2; "
+                                "llama3_json: Llama 3.x; docs/guides/tool-calling.md#parsers)"))
+    elif stage.tool_parser is not None and stage.tool_parser not in PARSERS:
         problems.append(Problem(loc + ("tool_parser",), f"unknown tool_parser '{stage.tool_parser}'", "unknown-tool-parser",
                                 f"use one of: {', '.join(PARSERS)}"))
+    check_parser_fits(stage.tool_parser, loc, problems, model_format)
     for i, entry in enumerate(stage.tools):
         try:
             load_tools([entry])

@@ -1,4 +1,5 @@
-"""The policy model directory a run starts from: a built-in model built locally, or a local HF directory.
+"""The policy model directory a run starts from: a built-in model built locally, or a local HF directory (a Hub
+id is one too: compile resolved it to its snapshot in the local Hub cache, rlflow/hub.py, and the plan names that).
 
 A local directory is checked again when the run starts (`check_model_dir`): it was there at compile, but it
 may have been moved or deleted since, or it may hold a config but no weights. Either is invalid input (exit 2
@@ -24,11 +25,15 @@ FIX = "restore it, or point model.path at a directory saved with save_pretrained
 
 def check_model_dir(path: str | Path, *, source: str) -> Path:
     """`path` if it is a local Hugging Face model directory: config.json (a JSON object), the weights it names
-    and a tokenizer; else PipelineInvalid at model.path (rule bad-model-path) saying what is missing."""
+    and a tokenizer; else PipelineInvalid at model.path (rule bad-model-path) saying what is missing (and, for a
+    snapshot in the Hub cache that a Hub id resolved to at compile, the command that fetches it again)."""
     path = Path(path)
+    from rlflow.hub import refetch_hint
+
+    fix = refetch_hint(path) or FIX  # a snapshot of the Hub cache (a Hub id, resolved at compile): fetch it again
 
     def bad(message: str):
-        raise PipelineInvalid(source, [Problem(("model", "path"), message, "bad-model-path", FIX)])
+        raise PipelineInvalid(source, [Problem(("model", "path"), message, "bad-model-path", fix)])
 
     if not path.exists():
         bad(f"model directory '{path}' no longer exists (it did when the plan was compiled)")
