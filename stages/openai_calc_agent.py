@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import weakref
+import ssl
 
 import openai
 
@@ -47,21 +47,27 @@ async def _create(client, stream: bool, **kw) -> dict:
             "prompt_token_ids": out["prompt_token_ids"], "rlflow": out["rlflow"]}
 
 
-_CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# made once per process: building an SSL context is most of what a new client costs (~18 ms of CPU with httpx's
+# default verify=True), and the endpoint is plain http, so every episode's client may share one
+_TLS = ssl.create_default_context()
 
 
-def shared_client() -> openai.AsyncOpenAI:
-    """One client per event loop, each episode a copy with its own base_url (`with_options` shares the connection
-    pool): a new AsyncOpenAI costs ~18 ms of CPU (its SSL context), and all the episodes' agents share one loop."""
-    loop = asyncio.get_running_loop()
-    if loop not in _CLIENTS:
-        _CLIENTS[loop] = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="unused", max_retries=0)
-    return _CLIENTS[loop]
+def episode_client(base_url: str) -> openai.AsyncOpenAI:
+    """A client of the episode's own, on its own connection pool (~0.1 ms). Not one client shared by every episode
+    (`with_options` keeps its pool): httpx scans all of a pool's connections on each request and response, for
+    expiry and for the idle count, so with the episodes of a run on one loop each request cost O(episodes)
+    syscalls and O(episodes^2) steps, most of the endpoint's CPU."""
+    http = openai.DefaultAsyncHttpxClient(verify=_TLS)
+    return openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http)
 
 
 async def calc_agent(row: dict, base_url: str, episode_id: str, stream: bool = False) -> dict:
     """Ask, run the calculator for each call the model makes, send the results back, up to 3 requests."""
-    client = shared_client().with_options(base_url=base_url)
+    async with episode_client(base_url) as client:  # closes its connection when the episode's agent returns
+        return await _solve(client, row, base_url, stream)
+
+
+async def _solve(client: openai.AsyncOpenAI, row: dict, base_url: str, stream: bool) -> dict:
     messages = [{"role": "user", "content": row["prompt"]}]
     responses = []
     for _ in range(3):

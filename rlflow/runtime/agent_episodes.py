@@ -67,35 +67,36 @@ class AgentForm:
 
     def first(self, link: AgentLink, traj: Trajectory) -> EnvStep:
         """On the episode thread: start the agent and wait for its first request, whose ids become the prompt."""
-        self.client.begin(link.eid, link.row)
-        return self._until_request(link, traj, turn_ids=None)
+        event = self.client.begin_and_wait(link.eid, link.row, EVENT_POLL_S)
+        return self._until_request(link, traj, None, event)
 
     def is_call(self, traj: Trajectory, action: str) -> bool:
         return True  # every turn is an answer the agent waits for; the agent ends the episode
 
     def step(self, link: AgentLink, action: str, turn_ids: list[int], traj: Trajectory) -> EnvStep:
         """On the episode thread: answer the agent's request with the turn, then wait for its next event."""
-        self.client.reply(link.eid, link.seq - 1, self.answer(link, traj, action, turn_ids))
+        answer = self.answer(link, traj, action, turn_ids)
+        event = self.client.reply_and_wait(link.eid, link.seq - 1, answer, EVENT_POLL_S)
         link.turns += 1
-        return self._until_request(link, traj, turn_ids)
+        return self._until_request(link, traj, turn_ids, event)
 
     def close(self, link: AgentLink | None) -> None:
         if link is not None:
             self.client.end(link.eid)
 
     # -- the protocol ---------------------------------------------------------------------------------------------
-    def _until_request(self, link: AgentLink, traj: Trajectory, turn_ids: list[int] | None) -> EnvStep:
-        """The agent's next event: a request becomes the ids to generate after (first: the prompt, set on traj); the
-        agent's end ends the episode. A request this episode cannot serve is refused to the agent (it may end, or
-        ask otherwise)."""
+    def _until_request(self, link: AgentLink, traj: Trajectory, turn_ids: list[int] | None, event: dict) -> EnvStep:
+        """From `event` (the agent's next, as the call that started the episode or answered its request returned
+        it): a request becomes the ids to generate after (first: the prompt, set on traj); the agent's end ends the
+        episode. A request this episode cannot serve is refused to the agent (it may end, or ask otherwise)."""
         deadline = time.monotonic() + self.timeout_s + 60  # the hub ends a late agent itself, at timeout_s
         while True:
-            event = self.client.next_event(link.eid, link.seq, EVENT_POLL_S)
             kind = event["kind"]
             if kind == "wait":
                 if time.monotonic() > deadline:
                     traj.rollout_error = f"agent-timeout: no event from the agent in {self.timeout_s + 60:.0f} s"
                     return EnvStep("", 0.0, True)
+                event = self.client.next_event(link.eid, link.seq, EVENT_POLL_S)
                 continue
             if kind == "done":
                 traj.agent_result = json.dumps(event["result"], default=str)
@@ -107,13 +108,13 @@ class AgentForm:
             try:
                 ids = self._ids(link, event, turn_ids)
             except (TemplateError, ValueError) as e:
-                self._refuse(link, 400, "agent-malformed-request", str(e))
+                event = self._refuse(link, 400, "agent-malformed-request", str(e))
                 continue
             room = self.max_new_tokens - len(traj.completion_ids)
             if link.turns >= self.max_turns or (turn_ids is not None and len(ids) >= room):
                 why = (f"max_turns={self.max_turns} turns answered" if link.turns >= self.max_turns
                        else f"the episode's token budget (max_new_tokens={self.max_new_tokens}) is spent")
-                self._refuse(link, 400, "agent-budget-spent", why + ": return from the agent to end the episode")
+                event = self._refuse(link, 400, "agent-budget-spent", why + ": return from the agent to end the episode")
                 continue
             link.versions_at = len(traj.versions_seen)
             if turn_ids is None:
@@ -121,8 +122,10 @@ class AgentForm:
                 return EnvStep([], 0.0, False)
             return EnvStep(ids, 0.0, False)
 
-    def _refuse(self, link: AgentLink, status: int, rule: str, message: str) -> None:
-        self.client.reply(link.eid, link.seq - 1, {"error": {"status": status, "rule": rule, "message": message}})
+    def _refuse(self, link: AgentLink, status: int, rule: str, message: str) -> dict:
+        """Refuse the request with an OpenAI error body; returns the agent's next event."""
+        body = {"error": {"status": status, "rule": rule, "message": message}}
+        return self.client.reply_and_wait(link.eid, link.seq - 1, body, EVENT_POLL_S)
 
     def _ids(self, link: AgentLink, event: dict, turn_ids: list[int] | None) -> list[int]:
         if turn_ids is None:

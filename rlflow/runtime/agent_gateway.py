@@ -9,7 +9,8 @@ the agent needs nothing rlflow-specific: the episode id is in the path the plain
 The hub holds the protocol only: each episode's numbered events (a request, or the agent's end) and the HTTP
 requests waiting for their answer. It has no tokenizer and no engine. The rollout worker that holds the episode's
 trajectory asks for the next event (`next_event(eid, seq)`), renders it into token ids, generates the turn on its
-engine and answers it (`reply(eid, seq, body)`): runtime/agent_episodes.py. So a turn interrupted by a weight sync or
+engine and answers it (`reply(eid, seq, body)`; the worker makes the answer and the wait for the next event one call,
+`reply_and_wait`): runtime/agent_episodes.py. So a turn interrupted by a weight sync or
 migrated to another instance is answered from wherever it finishes, and the coordinator's admission, staleness bound,
 interruption and migration apply to agent turns as to any other. The events are numbered and kept until the episode
 ends, so asking again for event `seq` (a trajectory that moved) gets the same one.
@@ -281,6 +282,18 @@ class AgentHub:
         answer.set_result(body)
         return True
 
+    # The worker's two calls per turn, each one round trip (a Ray actor call for AgentGateway): starting an episode
+    # and answering a request both come back with the agent's next event, as the worker always asks for it next.
+    async def begin_and_wait(self, eid: str, row: dict, timeout_s: float) -> dict:
+        """begin(), then the agent's first event (next_event(eid, 0, timeout_s))."""
+        self.begin(eid, row)
+        return await self.next_event(eid, 0, timeout_s)
+
+    async def reply_and_wait(self, eid: str, seq: int, body: dict, timeout_s: float) -> dict:
+        """reply() to request `seq`, then the agent's next event (next_event(eid, seq + 1, timeout_s))."""
+        self.reply(eid, seq, body)
+        return await self.next_event(eid, seq + 1, timeout_s)
+
     def end(self, eid: str) -> None:
         """The episode is over for the worker: its agent is cancelled if still running, later calls get 404."""
         ep = self.episodes.pop(eid, None)
@@ -381,14 +394,14 @@ class LoopHub:
     def _call(self, coro, timeout_s: float | None = 60.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def begin(self, eid: str, row: dict) -> None:
-        self._call(_sync(self.hub.begin, eid, row))
+    def begin_and_wait(self, eid: str, row: dict, timeout_s: float) -> dict:
+        return self._call(self.hub.begin_and_wait(eid, row, timeout_s), timeout_s + 30)
 
     def next_event(self, eid: str, seq: int, timeout_s: float) -> dict:
         return self._call(self.hub.next_event(eid, seq, timeout_s), timeout_s + 30)
 
-    def reply(self, eid: str, seq: int, body: dict) -> bool:
-        return self._call(_sync(self.hub.reply, eid, seq, body))
+    def reply_and_wait(self, eid: str, seq: int, body: dict, timeout_s: float) -> dict:
+        return self._call(self.hub.reply_and_wait(eid, seq, body, timeout_s), timeout_s + 30)
 
     def end(self, eid: str) -> None:
         self._call(_sync(self.hub.end, eid))
@@ -437,14 +450,14 @@ class AgentGateway:
         self.hub = AgentHub(self.agent, self.model)
         return await self.hub.start()
 
-    async def begin(self, eid: str, row: dict) -> None:
-        self.hub.begin(eid, row)
+    async def begin_and_wait(self, eid: str, row: dict, timeout_s: float) -> dict:
+        return await self.hub.begin_and_wait(eid, row, timeout_s)
 
     async def next_event(self, eid: str, seq: int, timeout_s: float) -> dict:
         return await self.hub.next_event(eid, seq, timeout_s)
 
-    async def reply(self, eid: str, seq: int, body: dict) -> bool:
-        return self.hub.reply(eid, seq, body)
+    async def reply_and_wait(self, eid: str, seq: int, body: dict, timeout_s: float) -> dict:
+        return await self.hub.reply_and_wait(eid, seq, body, timeout_s)
 
     async def end(self, eid: str) -> None:
         self.hub.end(eid)
@@ -458,14 +471,14 @@ class GatewayClient:
 
         self.handle, self.get = handle, ray.get
 
-    def begin(self, eid: str, row: dict) -> None:
-        self.get(self.handle.begin.remote(eid, row), timeout=60)
+    def begin_and_wait(self, eid: str, row: dict, timeout_s: float) -> dict:
+        return self.get(self.handle.begin_and_wait.remote(eid, row, timeout_s), timeout=timeout_s + 60)
 
     def next_event(self, eid: str, seq: int, timeout_s: float) -> dict:
         return self.get(self.handle.next_event.remote(eid, seq, timeout_s), timeout=timeout_s + 30)
 
-    def reply(self, eid: str, seq: int, body: dict) -> bool:
-        return self.get(self.handle.reply.remote(eid, seq, body), timeout=60)
+    def reply_and_wait(self, eid: str, seq: int, body: dict, timeout_s: float) -> dict:
+        return self.get(self.handle.reply_and_wait.remote(eid, seq, body, timeout_s), timeout=timeout_s + 60)
 
     def end(self, eid: str) -> None:
         self.handle.end.remote(eid)  # fire and forget: nothing waits on an ended episode

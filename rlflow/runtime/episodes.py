@@ -119,6 +119,16 @@ class Episodes:
             out.append(self._resolve(tid))
         return out
 
+    def ended(self) -> list[Trajectory]:
+        """Episodes whose environment step is done and ended them, final now; steps that go on to a next turn stay
+        for ready(). Asked after an engine step: an agent that returned while the engine decoded (its last turn
+        answered, runtime/agent_episodes.py) goes out with this step's report rather than the next one's, so its
+        slot on the instance is not held for one more step and the driver's round trip."""
+        out = []
+        for tid in [t for t, (_, f, _) in self.waiting.items() if f.done() and _ends(f)]:
+            out.append(self._resolve(tid))
+        return out
+
     def finished(self, turns: list[Trajectory]) -> list[Trajectory]:
         """Of the turns an engine step finished, the trajectories whose episode is over (the others went to their
         environment)."""
@@ -210,6 +220,15 @@ class Episodes:
             head = self.tokenizer.decode(traj.completion_ids[:traj.turn_start], skip_special_tokens=True)
             turn = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
             traj.completion = head + cut_at_stop(turn, self.stop)[0]
+
+
+def _ends(future: Future) -> bool:
+    """Whether a done environment step ends its episode (a broken step does too: _resolve ends it)."""
+    try:
+        result = future.result()
+        return not isinstance(result, tuple) or len(result) != 3 or bool(EnvStep(*result).done)
+    except Exception:  # noqa: BLE001 - _resolve turns it into the episode's end
+        return True
 
 
 def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episodes | None:

@@ -110,6 +110,10 @@ class RolloutWorker:
             final = episodes.finished(turns) if episodes else turns
             self.turns_not_complete += len(turns) - len(final)
             done.extend(final)
+        if episodes and episodes.deferred:  # agents that returned while the engine decoded: reported now, not next step
+            ended = episodes.ended()
+            done.extend(ended)
+            self.turns_not_complete -= len(ended)
         if done:
             hop_trace.mark("generated", (t.group_id for t in done))
             ray.get(self.store.put.remote(done))  # payload in the store before the driver hears of it

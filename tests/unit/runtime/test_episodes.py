@@ -189,6 +189,39 @@ def test_an_interrupted_episode_carries_its_environment_to_another_instance(repe
     assert not first.waiting and not first.drop("nobody/0")
 
 
+def test_ended_takes_only_the_steps_that_ended_their_episode(repeat_model_dir, tokenizer):
+    """What the rollout worker asks after an engine step: episodes whose step ended them are final now; a step that
+    goes on to a next turn stays for ready() (it goes back to the engine at the next step)."""
+    class EndsOdd(Counter):  # episodes with an odd index end at their first call; the others go on
+        def reset(self, row: dict) -> str:
+            self.odd = row["index"] % 2 == 1
+            return ""
+
+        def step(self, action: str) -> EnvStep:
+            return EnvStep("", 0.0, True) if self.odd else super().step(action)
+
+    engine = HFEngine(repeat_model_dir, max_running=8, max_new_tokens=40, max_model_len=128, stop=STOP, seed=9)
+    episodes = Episodes(EndsOdd, {}, max_turns=3, tokenizer=tokenizer, max_new_tokens=40, stop=STOP)
+    batch = trajectories(tokenizer, tasks.repeat(11, 8))
+    for i, t in enumerate(batch):
+        t.row = {**(t.row or {}), "index": i}
+        episodes.begin(t)
+        engine.start(t)
+    while not engine.idle:
+        for t in engine.step():
+            episodes.turn_ended(t)
+    waiting = {tid: episodes.envs[tid].odd for tid in episodes.waiting_ids()}
+    assert any(waiting.values()) and not all(waiting.values())
+    for _, future, _ in episodes.waiting.values():
+        future.result(timeout=30)
+    ended = episodes.ended()
+    assert sorted(t.traj_id for t in ended) == sorted(tid for tid, odd in waiting.items() if odd)
+    assert all(t.finish_reason and len(t.loss_mask) == len(t.completion_ids) for t in ended)
+    assert sorted(episodes.waiting_ids()) == sorted(tid for tid, odd in waiting.items() if not odd)
+    assert not episodes.ended()  # the rest go on: ready() hands them back for their next turn
+    assert all(not t.finish_reason for t in episodes.ready())
+
+
 def test_a_broken_environment_ends_its_episode_not_the_instance(repeat_model_dir, tokenizer):
     class Broken(Counter):
         def step(self, action):
