@@ -8,7 +8,12 @@ counts every `from rlflow import ...` as an edge to this package, so the API is 
 
 import importlib
 
+from rlflow.runtime.run_log import quiet_deepspeed
 from rlflow.version import __version__
+
+# before anything imports DeepSpeed (the trainer, an export, MLflow's transformers flavor): its "Setting accelerator
+# to CPU" WARNING goes to the run's run.log, not the terminal (runtime/run_log.py; a filter, DeepSpeed not imported)
+quiet_deepspeed()
 
 API = ("compile", "run", "simulate", "tune", "RunResult", "TuneResult")
 __all__ = ["__version__", *API]

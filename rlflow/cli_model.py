@@ -3,6 +3,7 @@ and the Python environment checked."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -43,7 +44,15 @@ def export(run: Annotated[str, typer.Argument(metavar="RUN", show_default=False,
         print(f"rlflow export: the model directory run {run_dir} started from ({state.get('model_dir')}) is gone: "
               "its config and tokenizer are needed", file=sys.stderr)
         return EXIT_INVALID
-    weights, info = exporting.from_checkpoint(ckpt, tag)
+    from rlflow.runtime.run_log import RunLog
+
+    run_log = RunLog()  # DeepSpeed's lines while the checkpoint is read: to the run's run.log (run_log.py)
+    with contextlib.suppress(OSError):  # a read-only run directory: the lines are printed at the end instead
+        run_log.attach(run_dir)
+    try:
+        weights, info = exporting.from_checkpoint(ckpt, tag)
+    finally:
+        run_log.close()
     out = Path(output) if output else run_dir / "export"
     plan_file = run_dir / "export" / "plan.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None

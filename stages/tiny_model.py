@@ -211,7 +211,7 @@ def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progres
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - started
     progress(
-        f"tiny-llama[{task}]: {_metric(held_out)} on {len(held_out)} held-out prompts: greedy {greedy:.1%}, "
+        f"tiny-llama[{task}]: {_metric(held_out)} on {_measured_on(held_out, data)}: greedy {greedy:.1%}, "
         f"sampled(T=1) {sampled:.1%}; built in {seconds:.0f} s"
     )
     from rlflow.stages.hf_quiet import no_progress_bars
@@ -221,8 +221,20 @@ def _build(out: Path, task: str, seed: int, settings: TinyLlamaSettings, progres
     tokenizer.save_pretrained(out)
     _portable_tokenizer_class(out / "tokenizer_config.json")
     report = {"task": task, "seed": seed, "settings": asdict(settings), "final_loss": loss, "accuracy_greedy": greedy,
-              "accuracy_sampled": sampled, "eval_prompts": len(held_out), "build_seconds": round(seconds, 1)}
+              "accuracy_sampled": sampled, "eval_prompts": len(held_out),
+              "eval_held_out": data is None or len(data) >= 2 * DATA_EVAL_ROWS, "build_seconds": round(seconds, 1)}
     (out / "rlflow_build.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _measured_on(rows: list[dict], data: list[dict] | None) -> str:
+    """What the build's accuracy was measured on, counted: prompts of the built-in task it never trained on, the
+    rows held aside from the warm start, or (data too small to hold any aside) rows it trained on."""
+    if data is None:
+        return f"{len(rows)} held-out prompts"
+    if len(data) >= 2 * DATA_EVAL_ROWS:
+        return f"{len(rows)} of the {len(data)} rows, held out of the warm start"
+    return (f"{len(rows)} of the {len(data)} rows it trained on (fewer than {2 * DATA_EVAL_ROWS}: none held out, so "
+            "this is not a held-out accuracy)")
 
 
 def _metric(rows: list[dict]) -> str:

@@ -292,6 +292,13 @@ def prune(out_dir: Path, keep: int | None, log: Callable[[str], None] = print) -
     return doomed
 
 
+def saved_line(step: int, path: Path, pruned: list[str], keep: int | None) -> str:
+    """The one line a published save gets, with what its prune deleted: `checkpoint at step 30: <path> (pruned
+    step-10; keep_checkpoints 2)`."""
+    return f"checkpoint at step {step}: {path}" + (f" (pruned {', '.join(pruned)}; keep_checkpoints {keep})"
+                                                   if pruned else "")
+
+
 def inventory(out_dir: Path) -> dict:
     """What the run's checkpoints cost: the tags of its history, oldest first, and the bytes of everything in
     checkpoint/ (abandoned and unfinished tags included)."""

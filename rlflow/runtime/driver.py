@@ -368,11 +368,14 @@ class Run:
         path = checkpoint.save(self.out_dir, self.sink, state, log=self.log)  # one unit, published by one rename
         self.ledger.checkpointed(self.step)  # payloads of groups trained into it are needed no more
         self.saved_step = self.step
-        self.log(f"checkpoint at step {self.step}: {path}")
+        keep = self.plan.trainer.keep_checkpoints
         try:  # published, so no save is in flight: the older tags past keep_checkpoints go (checkpoint.prune)
-            self.pruned += checkpoint.prune(self.out_dir, self.plan.trainer.keep_checkpoints, log=self.log)
+            pruned = checkpoint.prune(self.out_dir, keep, log=lambda _: None)  # said on the checkpoint's own line
         except OSError as err:  # a full or read-only disk must not lose the run: the checkpoints stay, said so
-            self.log(f"checkpoint: could not prune older checkpoints ({err}); they are kept")
+            self.log(f"checkpoint at step {self.step}: {path}; could not prune older checkpoints ({err}); they are kept")
+            return
+        self.pruned += pruned
+        self.log(checkpoint.saved_line(self.step, path, pruned, keep))
 
     def _finish_last_step(self, status: str) -> str:
         """The step in flight when the run stops; "FAILED" (nothing to save) when the trainer died meanwhile (a lost

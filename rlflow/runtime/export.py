@@ -148,7 +148,10 @@ def from_checkpoint(ckpt: str | Path, tag: str | None = None) -> tuple[dict, dic
     if zero >= 1:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
+        from rlflow.runtime.run_log import printed_here
+
+        with printed_here():  # its "Processing zero checkpoint ..." prints: to the run's run.log, not the terminal
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
     else:
         state = states["module"]
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, info

@@ -6,8 +6,9 @@ tests read those. Only the MLflow boundary (tracking.Tracker.log_metrics) rename
 MLflow's UI makes one chart section per prefix (everything before the last `/`), sections in alphabetical order,
 charts in alphabetical order within a section; `system/<name>` goes to its "System metrics" tab. So each group's
 headline curve has the name that sorts first in its section (`reward/mean`, `train/loss`, `staleness/max` and
-`staleness/mean`), and the details sit in sub-sections (`train/policy/`, `staleness/groups/`, ...). The layout is
-documented in docs/guides/tracking.md.
+`staleness/mean`), and the details sit in sub-sections (`train/policy/`, `staleness/groups/`, ...). The names are the
+only lever: MLflow has no API for a client to order the charts or choose the runs table's columns (a person can,
+and keep it as a saved view). The layout is documented in docs/guides/tracking.md.
 """
 
 from __future__ import annotations

@@ -6,13 +6,21 @@ What goes there instead of the terminal:
 - the error-level line a Ray Data actor pool's worker prints once per reward stream: "... has constructor arguments
   in the object store and max_restarts > 0". Ray Data always passes a map worker's constructor through the object
   store, and the reward streams want restarts (reward_stream.RESTARTS); the arguments live as long as the stream;
-- a worker's "model <name>: reusing <cache dir>" (the node's model cache was hit; nothing to do).
+- a worker's "model <name>: reusing <cache dir>" (the node's model cache was hit; nothing to do) and "model <name>:
+  materialised N files ... into <cache dir>" (the node's cache was filled from the object store, as it should be);
+- DeepSpeed's "Setting accelerator to CPU" WARNING, which its import logs on a machine without a GPU (the run's
+  export imports it, through MLflow's transformers flavor); in a process without a run log (`rlflow export` of a
+  run directory writes to that run's, see `attach`; the Python API, `rlflow eval`) it is dropped: `quiet_deepspeed`,
+  installed when rlflow is imported, filters DeepSpeed's logger before DeepSpeed exists;
+- the progress lines DeepSpeed's zero_to_fp32 prints while `rlflow export` joins a ZeRO checkpoint (`printed_here`).
 Everything else, errors and warnings included, stays on the terminal. Until the run directory exists the lines are
 held in memory; a start that fails before it has one prints them (they may explain the failure).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 import sys
@@ -29,7 +37,18 @@ HARMLESS_RECORDS: tuple[tuple[str, int, tuple[str, ...] | None], ...] = (
 )
 #: lines of Ray workers' output (log_to_driver) that match one of these
 HARMLESS_WORKER_LINES = (re.compile(r"core_worker\.cc:\d+: .* has constructor arguments in the object store and max_restarts > 0"),
-                         re.compile(r"^model \S+: reusing \S+ \(node \w+\)$"))
+                         re.compile(r"^model \S+: reusing \S+ \(node \w+\)$"),
+                         re.compile(r"^model \S+: materialised \d+ files \(.*\) from the object store into \S+ in "
+                                    r"[\d.]+ s \(node \w+\)$"),
+                         re.compile(r"^model \S+: another actor on this node materialised \S+ first; using it$"),
+                         re.compile(r"\[WARNING\] \[real_accelerator\.py:\d+:get_accelerator\] Setting accelerator to CPU\."))
+#: DeepSpeed's logger (its own stdout handler, propagate off: Python's logging config does not reach it)
+DEEPSPEED_LOGGER = "DeepSpeed"
+#: its records that say nothing to act on: with no GPU visible DeepSpeed picks the CPU, as rlflow wants there
+HARMLESS_DEEPSPEED = ("Setting accelerator to CPU",)
+
+
+_active: RunLog | None = None  # this process's run log (the newest RunLog not closed), if any
 
 
 def harmless_record(record: logging.LogRecord) -> bool:
@@ -56,13 +75,51 @@ class _Divert(logging.Filter):
         return False
 
 
+class _DeepSpeedQuiet(logging.Filter):
+    """On DeepSpeed's logger itself (a logger's filters outlive DeepSpeed's LoggerFactory, which adds its handler and
+    sets the level when DeepSpeed is imported): a harmless record goes to this process's run log, if it has one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(t in record.getMessage() for t in HARMLESS_DEEPSPEED):
+            return True
+        if _active is not None:
+            _active.write(f"{record.levelname} {record.name}: {record.getMessage()}")
+        return False
+
+
+def quiet_deepspeed() -> None:
+    """Install the filter on DeepSpeed's logger (once; DeepSpeed need not be imported yet, and is not imported)."""
+    ds = logging.getLogger(DEEPSPEED_LOGGER)
+    if not any(isinstance(f, _DeepSpeedQuiet) for f in ds.filters):
+        ds.addFilter(_DeepSpeedQuiet())
+
+
+@contextlib.contextmanager
+def printed_here(run_log: RunLog | None = None):
+    """What is printed to stdout inside the block (a library's progress prints: DeepSpeed's zero_to_fp32) goes to
+    `run_log`, else this process's run log, else nowhere."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            yield
+    finally:
+        target = run_log or _active
+        if target is not None:
+            for line in out.getvalue().splitlines():
+                if line.strip():
+                    target.write(line)
+
+
 class RunLog:
-    """Lines kept off the terminal: held until `attach(run_dir)`, then appended to its run.log."""
+    """Lines kept off the terminal: held until `attach(run_dir)`, then appended to its run.log. The newest RunLog of
+    the process not yet closed is its run log: DeepSpeed's harmless lines go there (quiet_deepspeed)."""
 
     def __init__(self):
+        global _active
         self.held: list[str] = []
         self.path: Path | None = None
         self._undo: list = []
+        _active = self
 
     def write(self, line: str) -> None:
         stamped = f"{datetime.now(UTC).strftime('%H:%M:%S')} {line.rstrip()}"
@@ -120,6 +177,9 @@ class RunLog:
 
     def close(self) -> None:
         """Restore the handlers; lines still held (no run directory came) go to stderr."""
+        global _active
+        if _active is self:
+            _active = None
         for undo in reversed(self._undo):
             undo()
         self._undo = []

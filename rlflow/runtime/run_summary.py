@@ -30,8 +30,13 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
                 if "reward_first" in summary else "")]  # means over the first and last `window` steps
     if summary.get("eval_last"):
         first, last = summary["eval_first"], summary["eval_last"]
-        lines.append(f"held-out accuracy {f(first.get('eval/accuracy'))} (step {first.get('step')}) -> "
-                     f"{f(last.get('eval/accuracy'))} (step {last.get('step')})")
+        if first.get("step") == last.get("step"):  # one evaluation: a value, not a change
+            lines.append(f"held-out accuracy {f(last.get('eval/accuracy'))} (step {last.get('step')})")
+        else:
+            lines.append(f"held-out accuracy {f(first.get('eval/accuracy'))} (step {first.get('step')}) -> "
+                         f"{f(last.get('eval/accuracy'))} (step {last.get('step')})")
+        if hint := diverging(summary):
+            lines.append(hint)
     if run_dir:
         export = Path(run_dir) / "export"
         lines.append(f"run directory: {run_dir} ({SUMMARY_FILE}, run.log, checkpoint/"
@@ -48,6 +53,27 @@ def describe(summary: dict, total_steps: int | None = None) -> list[str]:
             lines.append(f"resume with: rlflow run --resume (the newest run), or --resume {Path(run_dir).name} (this one)")
         lines.append(f"next: rlflow eval {run_dir}   rlflow export {run_dir} -o DIR")
     return lines
+
+
+#: how far held-out accuracy must fall below its first value, and the training reward rise, for `diverging` to
+#: speak: a clear margin over the noise of a few dozen held-out prompts (one prompt of 32 is 0.031)
+EVAL_DROP = 0.1
+REWARD_RISE = 0.02
+
+
+def diverging(summary: dict) -> str | None:
+    """One line when the training reward rose while held-out accuracy fell by a clear margin (EVAL_DROP), else None:
+    the policy may be learning the training prompts (or a flaw of the reward) rather than the task."""
+    first, last = summary.get("eval_first") or {}, summary.get("eval_last") or {}
+    acc0, acc1 = first.get("eval/accuracy"), last.get("eval/accuracy")
+    r0, r1 = summary.get("reward_first"), summary.get("reward_last")
+    if None in (acc0, acc1, r0, r1) or first.get("step") == last.get("step"):
+        return None
+    if acc0 - acc1 < EVAL_DROP or r1 - r0 < REWARD_RISE:
+        return None
+    return (f"note: the training reward rose ({r0:.3f} -> {r1:.3f}) while held-out accuracy fell ({acc0:.3f} -> "
+            f"{acc1:.3f}): the policy may be overfitting the training prompts or exploiting the reward (reward "
+            "hacking); compare the eval/ and reward/ curves in MLflow before using this policy")
 
 
 def checkpoints_line(ckpts: dict) -> str:

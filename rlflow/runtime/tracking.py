@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -67,6 +68,25 @@ def store_lock(uri: str):
 
 STORE_LOCK_TIMEOUT_S = 120.0  # creating and migrating a fresh store takes a few seconds on 2 busy cores
 
+#: MLflow 3's experiment tag for what an experiment holds: "genai_development" (traces, the GenAI overview) or
+#: "custom_model_development" (model training: the runs table, the metric charts). Set by MLflow's UI when a person
+#: picks the kind, read by its experiment page (and by MLflow's own assistant) to choose where the experiment opens.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+
+
+def mark_training_experiment(client, experiment) -> None:
+    """Tag the experiment as a model-training one, unless it already says what it is (a kind someone chose in the UI
+    stays): MLflow 3's UI otherwise opens it on its GenAI overview, with the runs a tab away."""
+    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+
+
+def model_name(pipeline: str, step: int) -> str:
+    """The name of the run's logged model: `<pipeline>-step<N>` (`quickstart-step100`); characters MLflow refuses in
+    a model's name (`/ : . % " '`) become `-`."""
+    return re.sub(r"[/:.%\"']", "-", f"{pipeline}-step{step}")
+
 
 class Tracker:
     """Thin wrapper so the driver logs through one object; metrics are buffered and sent with log_batch."""
@@ -80,7 +100,10 @@ class Tracker:
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         with store_lock(uri):  # the first use creates (or migrates) the store and the experiment
-            mlflow.set_experiment(spec["experiment"] or plan.name)
+            experiment = mlflow.set_experiment(spec["experiment"] or plan.name)
+            mark_training_experiment(mlflow.tracking.MlflowClient(), experiment)
+        self.experiment_id = experiment.experiment_id
+        self.pipeline = plan.name
         # a resumed run continues its own MLflow run (by id), under the name it started with
         run = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=run_name(plan))
         self.run_id = run.info.run_id
@@ -182,8 +205,8 @@ class Tracker:
             self.mlflow.log_artifacts(tmp, "plots")
 
     def log_model(self, export_dir: str | Path, *, step: int, info: dict) -> str:
-        """An export as this run's MLflow model "model" (transformers flavor, text-generation), logged from a
-        pipeline loaded from the directory; plan.json, rlflow_export.json and rlflow_build.json go under the model's
+        """An export as this run's MLflow model `<pipeline>-step<N>` (model_name; transformers flavor,
+        text-generation), logged from a pipeline loaded from the directory; plan.json, rlflow_export.json and rlflow_build.json go under the model's
         rlflow/. Pinned pip requirements: MLflow then infers none (inferring loads the model again). Costs a load and
         a save of the model, and once per process a scan of the installed packages (~1-4 s on 2 busy cores).
         Returns the model URI."""
@@ -204,7 +227,8 @@ class Tracker:
             # transformers.pipelines.check_task, which transformers 5.23 returns as a name (AttributeError). Loading
             # reads only the model's own files, so the export's step-<N>/ subdirectories need no staging copy.
             model = transformers.pipeline("text-generation", model=str(export_dir), tokenizer=str(export_dir))
-            logged = mlflow.transformers.log_model(transformers_model=model, name="model", task="text-generation",
+            logged = mlflow.transformers.log_model(transformers_model=model, name=model_name(self.pipeline, step),
+                                                   task="text-generation",
                                                    pip_requirements=reqs, step=step,
                                                    metadata={k: v for k, v in info.items() if v is not None})
             with tempfile.TemporaryDirectory() as extras:  # the plan and the export's provenance, beside the model

@@ -69,6 +69,7 @@ def test_eval_and_export_during_a_run_then_the_commands(ray_cluster, workdir, ca
     # this run's: one model. (In one full default run the experiment also held a model of another run, not this one's;
     # whose is not known yet: the assertion counts this run's models only.)
     assert [m.source_run_id for m in models].count(run.tracker.run_id) == 1
+    assert [m.name for m in models if m.source_run_id == run.tracker.run_id] == ["quickstart-step3"]  # <pipeline>-step<N>
 
     # rlflow export: the same weights rebuilt from the DeepSpeed checkpoint, without Ray
     capsys.readouterr()

@@ -127,3 +127,26 @@ def test_keep_checkpoints_is_lowered_into_the_plan_defaults_to_3_and_is_at_least
     assert trainer(compile_pipeline(pipeline, ["stages.train.keep_checkpoints=null"]))["keep_checkpoints"] is None
     with pytest.raises(PipelineInvalid, match="keep_checkpoints"):
         compile_pipeline(pipeline, ["stages.train.keep_checkpoints=1"])
+
+
+def test_a_save_and_its_prune_are_one_line_of_the_run(tmp_path):
+    """The driver's _checkpoint says a save and what its prune deleted on one line, not a checkpoint line and a prune
+    line every save_every steps."""
+    from types import SimpleNamespace
+
+    from rlflow.runtime.driver import Run
+
+    said: list[str] = []
+    ledger = SimpleNamespace(flush=lambda: None, checkpointed=lambda step: None)
+    run = SimpleNamespace(ledger=ledger, weights=SimpleNamespace(version=0), tracker=SimpleNamespace(run_id="r"),
+                          metrics=SimpleNamespace(history=[], staleness_all=[], evals=[]), counts={},
+                          model_dir=tmp_path, out_dir=tmp_path, sink=FileTrainer(), log=said.append, pruned=[],
+                          plan=SimpleNamespace(trainer=SimpleNamespace(keep_checkpoints=2)))
+    for step in (10, 20, 30, 40):
+        run.step = step
+        Run._checkpoint(run)
+    assert tags(tmp_path) == ["step-30", "step-40"] and run.pruned == ["step-10", "step-20"]
+    ckpt = tmp_path / CHECKPOINT_DIR
+    assert said == [f"checkpoint at step 10: {ckpt / 'step-10'}", f"checkpoint at step 20: {ckpt / 'step-20'}",
+                    f"checkpoint at step 30: {ckpt / 'step-30'} (pruned step-10; keep_checkpoints 2)",
+                    f"checkpoint at step 40: {ckpt / 'step-40'} (pruned step-20; keep_checkpoints 2)"], said

@@ -73,8 +73,14 @@ def test_worker_output_is_filtered_through_rays_dispatcher():
                          "lines": ["x core_worker.cc:2465: Actor ... has constructor arguments in the object store and "
                                    "max_restarts > 0. ...", "a real error"]})
         dispatcher.emit({"pid": 8, "lines": ["model m: reusing /c/m (node 1234abcd)"]})
-        assert printed == [{"pid": 7, "actor_name": "StreamHost", "is_err": True, "lines": ["a real error"]}]
-        assert len(log.held) == 2 and "(StreamHost pid=7)" in log.held[0]
+        dispatcher.emit({"pid": 9, "lines": [  # model_shipping.local_model_dir's lines, as it formats them
+            "model tiny-llama-x: materialised 6 files (2.4 MB) from the object store into /c/shipped/tiny-llama-x-0466 "
+            "in 0.31 s (node 9aad2bf7)", "model m: another actor on this node materialised /c/m first; using it",
+            "[2026-12-07 23:53:18,016] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU. "
+            "If you have GPU or other accelerator, we were unable to detect it.", "model m: something else"]})
+        assert printed == [{"pid": 7, "actor_name": "StreamHost", "is_err": True, "lines": ["a real error"]},
+                           {"pid": 9, "lines": ["model m: something else"]}]
+        assert len(log.held) == 5 and "(StreamHost pid=7)" in log.held[0]
         log.held = []
         log.close()
         assert [h for name, h in dispatcher.handlers if name == "ray_print_logs"] == [printed.append]
@@ -112,3 +118,62 @@ def test_the_progress_line_is_drawn_though_ray_replaced_builtins_print(monkeypat
                                                                                     fromlist=["_print"])._print
     monkeypatch.setattr(builtins, "print", lambda *a, **k: None)
     assert _is_print(own) and not _is_print(lambda *a: None)
+
+
+def test_deepspeeds_accelerator_warning_goes_to_the_run_log_not_the_terminal(tmp_path):
+    """With no GPU visible DeepSpeed's import logs "Setting accelerator to CPU" as a WARNING on its own stdout handler:
+    in a process that imported rlflow first, the line is in the run log and on neither stream. A real import of
+    DeepSpeed, in a process of its own (it picks the accelerator once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import rlflow\n"
+            "from rlflow.runtime.run_log import RunLog\n"
+            f"log = RunLog(); log.attach({str(tmp_path)!r})\n"
+            "import deepspeed\n"
+            "log.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"} | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Setting accelerator" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "WARNING DeepSpeed: Setting accelerator to CPU" in (tmp_path / run_log.LOG_FILE).read_text()
+
+
+def test_what_a_block_prints_goes_to_the_run_log(tmp_path, capsys):
+    """rlflow export joins a ZeRO checkpoint inside printed_here: zero_to_fp32's progress prints go to the run log."""
+    log = RunLog()
+    log.attach(tmp_path)
+    with run_log.printed_here():
+        print("Processing zero checkpoint 'x/step-3'")
+        print("Reconstructed fp32 state dict with 12 params 4096 elements")
+    log.close()
+    assert capsys.readouterr().out == ""
+    text = (tmp_path / run_log.LOG_FILE).read_text()
+    assert "Processing zero checkpoint 'x/step-3'" in text and "Reconstructed fp32 state dict" in text
+    with run_log.printed_here():  # no run log in this process: nowhere
+        print("Detected checkpoint of type zero stage 2, world_size: 1")
+    assert capsys.readouterr().out == ""
+
+
+def test_one_evaluation_is_a_value_and_a_drop_while_the_reward_rose_is_pointed_out():
+    base = {"steps": 150, "elapsed_s": 600.0, "stopped": False, "stopped_by": None}
+    one = base | {"eval_first": {"step": 0, "eval/accuracy": 0.6}, "eval_last": {"step": 0, "eval/accuracy": 0.6},
+                  "evals": 1, "reward_first": 0.2, "reward_last": 0.2}
+    lines = run_summary.describe(one, 150)
+    assert [line for line in lines if line.startswith("held-out")] == ["held-out accuracy 0.600 (step 0)"], lines
+
+    diverged = base | {"eval_first": {"step": 0, "eval/accuracy": 0.6}, "eval_last": {"step": 150, "eval/accuracy": 0.4},
+                       "evals": 4, "reward_first": 0.30, "reward_last": 0.55}
+    lines = run_summary.describe(diverged, 150)
+    assert "held-out accuracy 0.600 (step 0) -> 0.400 (step 150)" in lines
+    (note,) = [line for line in lines if line.startswith("note: ")]
+    assert "reward rose (0.300 -> 0.550)" in note and "fell (0.600 -> 0.400)" in note
+    assert "overfitting the training prompts" in note and "reward hacking" in note and "MLflow" in note
+    assert lines.index(note) == lines.index("held-out accuracy 0.600 (step 0) -> 0.400 (step 150)") + 1
+
+    # no note: accuracy within the margin, or the reward did not rise, or both improved
+    for first, last, r0, r1 in ((0.6, 0.55, 0.3, 0.55), (0.6, 0.4, 0.3, 0.3), (0.4, 0.6, 0.3, 0.55)):
+        calm = base | {"eval_first": {"step": 0, "eval/accuracy": first},
+                       "eval_last": {"step": 150, "eval/accuracy": last}, "reward_first": r0, "reward_last": r1}
+        assert not [line for line in run_summary.describe(calm, 150) if line.startswith("note: ")], (first, last)

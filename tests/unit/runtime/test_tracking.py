@@ -125,3 +125,52 @@ def test_the_tracking_page_names_every_metric(repo):
     names = {n for n in metric_names.NAMES.values() if n} | {n.format(task="main") for n in metric_names.TASK_NAMES.values()}
     missing = [n for n in sorted(names) if not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
     assert not missing, f"docs/guides/tracking.md does not name {missing}"
+
+
+def test_the_experiment_is_marked_as_model_training_and_a_chosen_kind_is_kept(quickstart_plan, tmp_path):
+    """MLflow 3's UI opens an experiment without `mlflow.experimentKind` on its GenAI overview: rlflow's experiment
+    says it holds model training; a kind someone picked in the UI since is not overwritten by the next run."""
+    import mlflow
+
+    from rlflow.runtime.tracking import EXPERIMENT_KIND_TAG, Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    quickstart_plan["pipeline"]["tracking"]["mlflow"].update(uri=uri, experiment=None)
+    tracker = Tracker(Plan.of(quickstart_plan))
+    tracker.end()
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("quickstart")
+    assert experiment.experiment_id == tracker.experiment_id
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+    client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, "genai_development")
+    Tracker(Plan.of(quickstart_plan)).end()
+    assert client.get_experiment(experiment.experiment_id).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_a_model_name_is_the_pipeline_and_step_in_characters_mlflow_accepts():
+    from mlflow.utils.validation import _validate_logged_model_name
+
+    from rlflow.runtime.tracking import model_name
+
+    assert model_name("quickstart", 100) == "quickstart-step100"
+    assert model_name("my.pipe/v2:'x'", 30) == "my-pipe-v2--x--step30"  # MLflow refuses / : . % " ' in a model's name
+    _validate_logged_model_name(model_name("a.b/c:d%e\"f'g", 1))
+
+
+@pytest.mark.slow  # ~30-90 s of MLflow's transformers flavor; a full run's model name: integration/test_eval_export.py
+def test_the_logged_model_is_named_after_the_pipeline_and_step(quickstart_plan, tmp_path, repeat_model_dir):
+    """An export logged through the tracker, read back from the store: `quickstart-step7`, not `model`."""
+    import mlflow
+
+    from rlflow.runtime.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    quickstart_plan["pipeline"]["tracking"]["mlflow"].update(uri=uri, experiment=None)
+    tracker = Tracker(Plan.of(quickstart_plan))
+    try:
+        tracker.log_model(repeat_model_dir, step=7, info={"pipeline": "quickstart", "step": 7})
+    finally:
+        tracker.end()
+    models = mlflow.search_logged_models(experiment_ids=[tracker.experiment_id], output_format="list")
+    assert [(m.name, m.source_run_id) for m in models] == [("quickstart-step7", tracker.run_id)]

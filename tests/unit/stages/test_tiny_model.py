@@ -100,3 +100,22 @@ def test_a_concurrent_winner_is_used_and_the_temp_build_removed(tmp_path):
     assert (final / "config.json").read_text() == "{}"  # the winner's files, untouched
     assert any("another process built" in line for line in lines)
     assert [p.name for p in tmp_path.iterdir()] == [final.name]
+
+
+def test_a_build_on_few_rows_says_its_accuracy_is_on_rows_it_trained_on(tmp_path):
+    """A pipeline's own rows too few to hold any aside (a 200-row file less its held-out split): the build line
+    counts the rows it measured and does not call them held out; the built-in task's prompts are held out."""
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(40)]
+    lines: list[str] = []
+    path = build_tiny_llama("data", cache_dir=tmp_path, rows=rows, sft_steps=2, progress=lines.append)
+    (said,) = [line for line in lines if "greedy" in line]
+    assert "exact match on 40 of the 40 rows it trained on" in said and "held-out prompts" not in said, said
+    report = json.loads((path / "rlflow_build.json").read_text())
+    assert report["eval_prompts"] == 40 and report["eval_held_out"] is False
+
+
+def test_a_built_in_task_build_measures_on_held_out_prompts(quick_build):
+    _, path, lines = quick_build
+    report = json.loads((path / "rlflow_build.json").read_text())
+    assert any(f"exact match on {report['eval_prompts']} held-out prompts: greedy" in line for line in lines), lines
+    assert report["eval_held_out"] is True
