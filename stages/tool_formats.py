@@ -22,8 +22,9 @@ exception (stages/tool_call.py).
   to=functions.NAME <|constrain|>json<|message|>{...}<|call|>` (the recipient may stand before `<|channel|>`; the
   turn's first message has no `<|start|>assistant`, which ends the prompt). The content is the `final` channel's text.
 
-These markers are special tokens in most of these tokenizers: a turn decoded with skip_special_tokens loses them
-(Llama's `<|python_tag|>` is optional: its JSON is read without it).
+These markers are special tokens in most of these tokenizers: a turn decoded with skip_special_tokens loses them,
+so the rollout reads mistral, deepseek_v3 and harmony turns with special tokens kept (tool_parsers.turn_text);
+Llama's `<|python_tag|>` is optional: its JSON is read without it.
 """
 
 from __future__ import annotations

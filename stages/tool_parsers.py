@@ -109,3 +109,20 @@ def content(parser: str, text: str) -> str:
 def parse(parser: str, text: str) -> list[ToolCall]:
     """The calls of a turn in format `parser` (KeyError for an unknown one: compile rejects it first)."""
     return PARSERS[parser](text)
+
+
+#: formats whose call markers are special tokens in their models' tokenizers (Mistral's [TOOL_CALLS] / [ARGS] from
+#: tokenizer v3, DeepSeek's tool-call tokens, gpt-oss's harmony headers): their turns are read with special tokens kept
+MARKERS_ARE_SPECIAL = frozenset({"mistral", "deepseek_v3", "harmony"})
+
+
+def turn_text(tokenizer, ids: list[int], parser: str | None) -> str:
+    """A generated turn as text for its parser: special tokens dropped, except for the formats whose markers are
+    special tokens, which keep them (all but the end-of-sequence and padding the turn ends with)."""
+    if parser not in MARKERS_ARE_SPECIAL:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+    n = len(ids)
+    while n and ids[n - 1] in ends:
+        n -= 1
+    return tokenizer.decode(ids[:n], skip_special_tokens=False)

@@ -24,6 +24,7 @@ from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoo
 
 from rlflow.stages.engine import cut_at_stop
 from rlflow.stages.environment import Environment, EnvStep
+from rlflow.stages.tool_parsers import turn_text
 from rlflow.stages.trajectory import Trajectory
 
 #: longest wait for one environment step when the worker has nothing else to do, or is asked for the trajectory
@@ -78,7 +79,7 @@ class Episodes:
     def turn_ended(self, traj: Trajectory) -> bool:
         """A turn finished on the engine. True: it went to its environment (a tool call with turns left);
         False: the episode is over and the trajectory is final."""
-        action = self.tokenizer.decode(traj.completion_ids[traj.turn_start:], skip_special_tokens=True)
+        action = turn_text(self.tokenizer, traj.completion_ids[traj.turn_start:], getattr(self.form, "parser", None))
         env = self.envs.get(traj.traj_id)
         if env is None or not self._is_call(traj, action) or (len(traj.turn_starts) >= self.max_turns
                                                               and not self.deferred):

@@ -202,3 +202,20 @@ def test_a_chat_template_names_its_tool_call_format(template, parser):
 def test_a_template_without_a_known_marker_names_none():
     assert parser_for_template("{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}") is None
     assert parser_for_template("") is None and parser_for_template(None) is None
+
+
+def test_a_turn_keeps_the_special_tokens_its_format_marks_calls_with():
+    """Mistral's [TOOL_CALLS] is a special token: a turn decoded without special tokens loses the call (the rollout
+    reads such formats with them kept, all but the turn's closing end-of-sequence)."""
+    transformers = pytest.importorskip("transformers")
+    from rlflow.stages.tiny_model import build_tiny_llama
+    from rlflow.stages.tool_parsers import parse, turn_text
+
+    tok = transformers.AutoTokenizer.from_pretrained(build_tiny_llama("arith", progress=lambda line: None))
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    ids = tok.encode('[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "2+2"}}]',
+                     add_special_tokens=False) + [tok.eos_token_id]
+    assert parse("mistral", tok.decode(ids, skip_special_tokens=True)) == []  # the marker is gone
+    [call] = parse("mistral", turn_text(tok, ids, "mistral"))
+    assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "2+2"}, None)
+    assert turn_text(tok, ids, "hermes") == tok.decode(ids, skip_special_tokens=True)  # other formats: as before
