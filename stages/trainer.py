@@ -219,7 +219,8 @@ class DeepSpeedTrainer:
         if zero3:
             inference = {k: v for k, v in cfg.items() if k not in ("optimizer", "scheduler")}
             engine, *_ = deepspeed.initialize(model=model, config=inference)
-            return engine.eval()
+            engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
+            return engine
         return model.to(self.engine.device, dtype=next(self.engine.module.parameters()).dtype)
 
     def _micro_batches(self, shard: BatchShard) -> list[packing.MicroBatch]:
