@@ -126,7 +126,7 @@ class Episodes:
         answered, runtime/agent_episodes.py) goes out with this step's report rather than the next one's, so its
         slot on the instance is not held for one more step and the driver's round trip."""
         out = []
-        for tid in [t for t, (_, f, _) in self.waiting.items() if f.done() and _ends(f)]:
+        for tid in [t for t, (_, f, _) in self.waiting.items() if f.done() and _outcome(f).done]:
             out.append(self._resolve(tid))
         return out
 
@@ -173,15 +173,7 @@ class Episodes:
     # ------------------------------------------------------------------ internals
     def _resolve(self, tid: str, timeout_s: float | None = None) -> Trajectory:
         traj, future, since = self.waiting.pop(tid)
-        try:
-            result = future.result(timeout=timeout_s)
-            if not isinstance(result, tuple) or len(result) != 3:
-                raise TypeError(f"step() returned {type(result).__name__}, not EnvStep(observation, reward, done)")
-            result = EnvStep(*result)
-        except TimeoutError:  # asked for it (an interrupt) and it did not come: the episode ends here, complete
-            result = EnvStep(f"environment timed out after {timeout_s:.0f} s", 0.0, True)
-        except Exception as e:  # noqa: BLE001 - the environment broke its contract (stages/environment.py): end the episode
-            result = EnvStep(f"environment error: {type(e).__name__}", 0.0, True)
+        result = _outcome(future, timeout_s)
         traj.env_s += time.monotonic() - since
         traj.env_reward += float(result.reward)
         if result.done:
@@ -223,13 +215,18 @@ class Episodes:
             traj.completion = head + cut_at_stop(turn, self.stop)[0]
 
 
-def _ends(future: Future) -> bool:
-    """Whether a done environment step ends its episode (a broken step does too: _resolve ends it)."""
+def _outcome(future: Future, timeout_s: float | None = None) -> EnvStep:
+    """An environment step's result; one that broke the step's contract, raised, or did not come within timeout_s
+    ends the episode."""
     try:
-        result = future.result()
-        return not isinstance(result, tuple) or len(result) != 3 or bool(EnvStep(*result).done)
-    except Exception:  # noqa: BLE001 - _resolve turns it into the episode's end
-        return True
+        result = future.result(timeout=timeout_s)
+        if not isinstance(result, tuple) or len(result) != 3:
+            raise TypeError(f"step() returned {type(result).__name__}, not EnvStep(observation, reward, done)")
+        return EnvStep(*result)
+    except TimeoutError:  # asked for it (an interrupt) and it did not come: the episode ends here, complete
+        return EnvStep(f"environment timed out after {timeout_s:.0f} s", 0.0, True)
+    except Exception as e:  # noqa: BLE001 - the environment broke its contract (stages/environment.py): end the episode
+        return EnvStep(f"environment error: {type(e).__name__}", 0.0, True)
 
 
 def episodes_for(episode: dict | None, model_dir, engine_kwargs: dict) -> Episodes | None:
