@@ -64,7 +64,8 @@ class VerifiersAgent:
         async with agent:
             trace = await agent.run(task, tools=shared)
         if not trace.ok:  # verifiers' errors end with their cause (a traceback's last line): keep that end
-            causes = "; ".join(f"{e.type}: {e.message.strip().splitlines()[-1].strip(' |')}" for e in trace.errors)
+            causes = "; ".join(f"{e.type}: {(e.message.strip().splitlines() or [''])[-1].strip(' |')}"
+                               for e in trace.errors)
             raise RuntimeError(f"the verifiers episode failed: {causes or 'no error recorded'}")
         return {"reward": trace.reward, "rewards": {k: r and r.score for k, r in trace.rewards.items()},
                 "turns": len(trace.calls), "reply": trace.last_reply}
