@@ -1,5 +1,5 @@
 """A tiny model that knows the Hermes tool-call format, for the chat-form tool-calling tests (unit: token identity on
-both engines; integration: a run with tool calls). The calc tiny model is taught, in a few seconds of supervised
+both engines; integration: a run with tool calls). The calc tiny model is taught, in about 20 s of supervised
 steps, to answer every chat prompt with one calculator call and then `A=4` after the tool's reply; the directory is
 saved with stages/chat_template.py's template as its tokenizer's own (a model with a template, as a user's would be).
 It is cached per machine beside builtin:tiny-llama, keyed by everything the training sees (the examples' ids and
@@ -13,8 +13,10 @@ TOOLS = ["builtin:calculator"]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
 
 
-def teach_tool_format(out: Path, steps: int = 120) -> Path:
-    """Copy the taught model into `out` (its own directory, which the caller may change); teach it on a cache miss."""
+def teach_tool_format(out: Path, steps: int = 240) -> Path:
+    """Copy the taught model into `out` (its own directory, which the caller may change); teach it on a cache miss.
+    240 steps: at 120 (loss 0.03 a token) a sampled turn (temperature 1) was a well-formed call ~8% of the time, so a
+    16-episode run made no call at all about one time in four; at 240, 50-75% of sampled turns are calls."""
     import hashlib
     import json
     import shutil
