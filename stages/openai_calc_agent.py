@@ -38,12 +38,14 @@ async def _create(client, stream: bool, **kw) -> dict:
         calls += choice["delta"].get("tool_calls") or []
         for k in ("prompt_token_ids", "rlflow"):
             out[k] = out.get(k) or c.get(k)
-        out["token_ids"] = out.get("token_ids") or choice.get("token_ids")
+        for k in ("token_ids", "token_logprobs", "logprobs"):
+            out[k] = out.get(k) or choice.get(k)
         out["finish_reason"] = choice.get("finish_reason") or out.get("finish_reason")
     message = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-    return {"choices": [{"message": message, "token_ids": out["token_ids"], "finish_reason": out["finish_reason"]}],
+    return {"choices": [{"message": message, "token_ids": out["token_ids"], "token_logprobs": out["token_logprobs"],
+                         "logprobs": out["logprobs"], "finish_reason": out["finish_reason"]}],
             "prompt_token_ids": out["prompt_token_ids"], "rlflow": out["rlflow"]}
 
 
@@ -61,17 +63,19 @@ def episode_client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http)
 
 
-async def calc_agent(row: dict, base_url: str, episode_id: str, stream: bool = False) -> dict:
-    """Ask, run the calculator for each call the model makes, send the results back, up to 3 requests."""
+async def calc_agent(row: dict, base_url: str, episode_id: str, stream: bool = False, logprobs: bool = False) -> dict:
+    """Ask, run the calculator for each call the model makes, send the results back, up to 3 requests. `logprobs`:
+    ask for OpenAI's logprobs object too (every response carries the sampled ids' log-probs as `token_logprobs`)."""
     async with episode_client(base_url) as client:  # closes its connection when the episode's agent returns
-        return await _solve(client, row, base_url, stream)
+        return await _solve(client, row, base_url, stream, logprobs)
 
 
-async def _solve(client: openai.AsyncOpenAI, row: dict, base_url: str, stream: bool) -> dict:
+async def _solve(client: openai.AsyncOpenAI, row: dict, base_url: str, stream: bool, logprobs: bool = False) -> dict:
     messages = [{"role": "user", "content": row["prompt"]}]
     responses = []
     for _ in range(3):
-        r = await _create(client, stream, model="policy", messages=messages, tools=[CALCULATOR])
+        r = await _create(client, stream, model="policy", messages=messages, tools=[CALCULATOR],
+                          **({"logprobs": True} if logprobs else {}))
         responses.append(r)
         msg = r["choices"][0]["message"]
         messages.append({k: v for k, v in msg.items() if v is not None})

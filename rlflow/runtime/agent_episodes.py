@@ -39,6 +39,7 @@ class AgentLink:
     tools: list = field(default_factory=list)  # the tool schemas of the first request (the template renders them)
     turns: int = 0  # turns answered
     versions_at: int = 0  # len(versions_seen) when the turn began: the versions that generated it are after
+    logprobs: bool = False  # the request being answered asked for OpenAI's logprobs object
 
 
 def episode_id(traj: Trajectory) -> str:
@@ -105,6 +106,7 @@ class AgentForm:
                 traj.rollout_error = f"{event['rule']}: {event['message']}"
                 return EnvStep("", 0.0, True)
             link.seq = event["seq"] + 1
+            link.logprobs = bool(event.get("logprobs"))
             try:
                 ids = self._ids(link, event, turn_ids)
             except (TemplateError, ValueError) as e:
@@ -147,18 +149,23 @@ class AgentForm:
         return self._renderers[key]
 
     def answer(self, link: AgentLink, traj: Trajectory, text: str, turn_ids: list[int]) -> dict:
-        """The OpenAI response to the request the turn answers, with the ids, log-probs and versions behind it."""
+        """The OpenAI response to the request the turn answers, with the ids, log-probs and versions behind it.
+        The sampled ids and their log-probs are always there as two lists (`token_ids`, `token_logprobs`); OpenAI's
+        `logprobs` object (a token string per id) only when the request asked for it, as OpenAI answers: building
+        it decodes every token here, in the engine's process, and the client builds a model per token from it (the
+        endpoint's CPU per episode 1.05-1.28x with it: benchmarks/results/agent_gateway.md)."""
         start = traj.turn_start
-        logprobs = traj.behaviour_logprobs[start:start + len(turn_ids)]
+        logprobs = list(traj.behaviour_logprobs[start:start + len(turn_ids)])
         prompt_ids = [*traj.prompt_ids, *traj.completion_ids[:start]]
         versions = sorted(set(traj.versions_seen[link.versions_at:] or [traj.version]))
-        tokens = [{"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                  for t, lp in zip(turn_ids, logprobs)]
+        tokens = [self.tokenizer.decode([t]) for t in turn_ids] if link.logprobs else []
         finish = "length" if traj.finish_reason == "length" else "stop"
-        choice: dict = {"index": 0, "finish_reason": finish, "token_ids": list(turn_ids)}
+        choice: dict = {"index": 0, "finish_reason": finish, "token_ids": list(turn_ids), "token_logprobs": logprobs,
+                        "logprobs": None}
         if link.kind == "completion":
-            choice |= {"text": text, "logprobs": {"tokens": [t["token"] for t in tokens],
-                                                  "token_logprobs": list(logprobs)}}
+            choice["text"] = text
+            if link.logprobs:
+                choice["logprobs"] = {"tokens": tokens, "token_logprobs": logprobs}
             obj = "text_completion"
         else:
             calls = [c for c in parse(self.parser, text) if c.error is None] if self.parser and link.tools else []
@@ -168,7 +175,10 @@ class AgentForm:
                                           "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
                                          for i, c in enumerate(calls)]
                 choice["finish_reason"] = "tool_calls"
-            choice |= {"message": message, "logprobs": {"content": tokens}}
+            choice["message"] = message
+            if link.logprobs:
+                choice["logprobs"] = {"content": [{"token": tok, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                                  for tok, lp in zip(tokens, logprobs)]}
             obj = "chat.completion"
         return {"id": f"rlflow-{link.eid}-{link.turns}", "object": obj, "created": int(time.time()),
                 "model": self.model, "choices": [choice], "prompt_token_ids": prompt_ids,

@@ -220,12 +220,13 @@ class AgentHub:
                 raise AgentError(400, "agent-malformed-request", "prompt must be one string")
             if ep.messages is not None:
                 raise AgentError(400, "agent-malformed-request", "an episode is chat or completions, not both")
+            asked = body.get("logprobs") is not None  # completions: logprobs is a count (of top alternatives)
             if ep.text is None:
-                return {"kind": "completion", "prompt": prompt, "text": prompt}
+                return {"kind": "completion", "prompt": prompt, "text": prompt, "logprobs": asked}
             if not prompt.startswith(ep.text):
                 raise AgentError(400, "agent-history-rewritten", "the prompt does not extend the previous prompt and "
                                  "its completion: the trained tokens would not be the ones sampled")
-            return {"kind": "completion", "prompt": prompt[len(ep.text):], "text": prompt}
+            return {"kind": "completion", "prompt": prompt[len(ep.text):], "text": prompt, "logprobs": asked}
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool") for m in messages):
@@ -237,7 +238,8 @@ class AgentHub:
         if ep.messages is None:
             if history[-1]["role"] == "assistant":
                 raise AgentError(400, "agent-malformed-request", "the last message is the assistant's: nothing to answer")
-            return {"kind": "chat", "messages": history, "tools": body.get("tools") or [], "history": history}
+            return {"kind": "chat", "messages": history, "tools": body.get("tools") or [], "history": history,
+                    "logprobs": bool(body.get("logprobs"))}
         k = len(ep.messages)
         if history[:k] != ep.messages:
             at = next((i for i, (a, b) in enumerate(zip(history, ep.messages)) if a != b), min(k, len(history)))
@@ -247,7 +249,7 @@ class AgentHub:
         if not new or any(m["role"] == "assistant" for m in new):
             raise AgentError(400, "agent-malformed-request", "after the last answer, send the new tool or user messages "
                              "(and no assistant message of your own)")
-        return {"kind": "chat", "messages": new, "history": history}
+        return {"kind": "chat", "messages": new, "history": history, "logprobs": bool(body.get("logprobs"))}
 
     # -- the worker's side ----------------------------------------------------------------------------------------
     def begin(self, eid: str, row: dict) -> None:
@@ -362,7 +364,7 @@ async def sse(answer: dict, kind: str):
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
         first = {**base, "object": "chat.completion.chunk",
                  "choices": [{"index": 0, "delta": delta, "logprobs": choice.get("logprobs"), "finish_reason": None,
-                              "token_ids": choice.get("token_ids")}],
+                              "token_ids": choice.get("token_ids"), "token_logprobs": choice.get("token_logprobs")}],
                  "prompt_token_ids": answer.get("prompt_token_ids"), "rlflow": answer.get("rlflow")}
         last = {**base, "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
@@ -370,7 +372,8 @@ async def sse(answer: dict, kind: str):
     else:
         first = {**base, "object": "text_completion",
                  "choices": [{"index": 0, "text": choice["text"], "logprobs": choice.get("logprobs"),
-                              "finish_reason": None, "token_ids": choice.get("token_ids")}],
+                              "finish_reason": None, "token_ids": choice.get("token_ids"),
+                              "token_logprobs": choice.get("token_logprobs")}],
                  "prompt_token_ids": answer.get("prompt_token_ids"), "rlflow": answer.get("rlflow")}
         last = {**base, "object": "text_completion",
                 "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"]}],

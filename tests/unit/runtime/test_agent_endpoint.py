@@ -59,6 +59,8 @@ def roll_out(engine_name: str, model_dir: str, agent: dict, n: int = 6, max_turn
 @pytest.mark.parametrize("engine_name,agent", [
     ("hf", "rlflow.stages.openai_calc_agent:calc_agent"),
     ("hf", "agents.calc_agents:calc_agent_streamed"),
+    ("hf", "agents.calc_agents:completions_agent"),
+    ("hf", "agents.calc_agents:completions_agent_streamed"),
     pytest.param("vllm", "rlflow.stages.openai_calc_agent:calc_agent", marks=pytest.mark.vllm),
     pytest.param("vllm", "agents.calc_agents:calc_agent_streamed", marks=pytest.mark.vllm),
 ])
@@ -74,15 +76,25 @@ def test_the_trained_ids_are_the_ids_each_response_carried(engine_name, agent, m
         generated = [t.completion_ids[a:b] for a, b in runs(t.loss_mask, 1)]
         assert generated == [r["choices"][0]["token_ids"] for r in responses]  # turn by turn, as sampled
         assert [a for a, _ in runs(t.loss_mask, 1)] == t.turn_starts
-        for r, start in zip(responses, t.turn_starts):  # what the model saw: the trajectory's ids up to the turn
+        asked = "completions" in agent or agent.endswith("_streamed")  # these ask for OpenAI's logprobs object
+        for r, (start, end) in zip(responses, runs(t.loss_mask, 1)):  # what the model saw: its ids up to the turn
             assert r["prompt_token_ids"] == t.prompt_ids + t.completion_ids[:start]
+            choice = r["choices"][0]
+            assert choice["token_logprobs"] == t.behaviour_logprobs[start:end]  # what the trainer corrects against
+            assert (choice["logprobs"] is not None) == asked
+            if asked and "completions" in agent:
+                assert choice["logprobs"]["token_logprobs"] == choice["token_logprobs"]
+            elif asked:
+                assert [c["logprob"] for c in choice["logprobs"]["content"]] == choice["token_logprobs"]
             assert r["rlflow"]["versions"] == [t.version]  # the version that generated it, named
             assert r["rlflow"]["episode_id"] in result["base_url"]
         n = len(t.completion_ids)
         assert len(t.loss_mask) == len(t.behaviour_logprobs) == n
         assert all(lp == 0.0 for lp, m in zip(t.behaviour_logprobs, t.loss_mask) if not m)  # tool results: not sampled
         called += len(responses) > 1
-    assert called >= len(done) // 2  # the taught format: most episodes call the calculator and get its result back
+    # the taught format: most episodes call the calculator and get its result back; a completions agent asks twice
+    # unless its first turn (the chat-taught model on a raw prompt) spent the episode's tokens
+    assert called >= (1 if "completions" in agent else len(done) // 2)
 
 
 def test_a_command_agent_rolls_out_and_its_result_is_its_last_line(model_dir):
