@@ -11,8 +11,8 @@ from `control`. A trajectory's path, one module per hop:
 Set-up from the plan is run_setup.py (resume: run_resume.py); this module is the loop, the step's end, the
 checkpoint and the shutdown.
 
-The loop waits on one queue of events — finished step calls (Ray futures), scored groups from the
-reward streams, stream failures — with a timeout: it never polls, and a run in which nothing happens
+The loop waits on one queue of events (messages.RunEvent) — finished step calls (Ray futures), scored groups from
+the reward streams, stream failures — with a timeout: it never polls, and a run in which nothing happens
 for the watchdog's limit (watchdog.py) stops with a checkpoint and a message saying what it was waiting for.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -30,7 +31,18 @@ from rlflow.plan_model import Plan
 from rlflow.runtime import checkpoint, disk_space, hop_trace, prediction, run_setup
 from rlflow.runtime.disk_space import DiskFull
 from rlflow.runtime.hooks import RunHooks
-from rlflow.runtime.messages import ScoredBatch, StepResult
+from rlflow.runtime.messages import (
+    Evaluated,
+    Joined,
+    Rewarded,
+    RunEvent,
+    ScoredBatch,
+    Started,
+    StepDone,
+    StepResult,
+    StreamFailed,
+    Trained,
+)
 from rlflow.runtime.metrics import Metrics
 from rlflow.runtime.run_clock import RunClock
 from rlflow.runtime.stop_signal import Grace, StoppedAgain
@@ -93,9 +105,11 @@ class Run:
 
     _get = staticmethod(get_within)
 
-    def _submit(self, ref, tag) -> None:
-        """When `ref` completes, its future arrives on the event queue."""
-        ref.future().add_done_callback(lambda fut: self.events.put((tag, fut)))
+    def _submit(self, *started: Started) -> None:
+        """Calls components started (messages.Started): when one completes, its event arrives on the queue, with
+        the call's future in it."""
+        for s in started:
+            s.ref.future().add_done_callback(lambda fut, done=s.done: self.events.put(replace(done, future=fut)))
 
     def _abort_group(self, gid: str) -> None:
         if not any(f.abort_group(gid) for f in self.fleets):
@@ -168,7 +182,7 @@ class Run:
                 self.metrics.close()  # a progress line still drawn (the run stopped early) ends here
         return self.metrics.history
 
-    def _next_event(self):
+    def _next_event(self) -> RunEvent | None:
         """The next event; waits at most until a fleet's next coordinator cycle is due."""
         while True:
             now = time.monotonic()
@@ -191,46 +205,49 @@ class Run:
         what.append(f"the staleness policy (ready: {self.buffer.ready()}, in flight {c.in_flight}, pending {c.pending})")
         return "; ".join(what)
 
-    def _handle(self, event) -> None:
-        if event is None:
-            return
-        if event[0][0] == "eval":  # not training progress: does not feed the watchdog
-            self._on_eval(event[0][1], self.evals.result(event[0][1], event[1]))
-            return
-        if event[0][0] == "joined":  # an added rollout instance is ready (or failed to start); not progress either
-            _, fleet, inst = event[0]
-            fleet.on_joined(inst, event[1].exception())
-            return
-        self.watchdog.fed()
-        tag, payload = event[0], event[1:]
-        if tag == "rewarded":
-            self._on_rewarded(*payload)
-            self.progress.scored_batch(*payload)  # busy but training nothing stops the run (NoProgress)
-            self._poke()
-        elif tag == "error":
-            stage, err = payload
-            raise RunFailed(f"reward stage '{stage}' failed: {err}; {RESUME_HINT}")
-        elif tag[0] == "step":
-            _, fleet, inst = tag
-            try:
-                fleet.on_step(inst, payload[0].result())
-            except LOST as err:
-                fleet.on_death(inst, err)
-        elif tag[0] == "train":
-            try:
-                trained = payload[0].result()
-            except LOST as err:
-                self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
-                raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
-                                f"{RESUME_HINT}") from None
-            self._on_trained(trained)  # its _finish_step pokes the coordinators and sends the new version
+    def _handle(self, event: RunEvent | None) -> None:
+        """One event of the queue (messages.RunEvent). Evaluations and joining instances are not training
+        progress: only the other events feed the watchdog."""
+        match event:
+            case None:  # a coordinator cycle came due
+                return
+            case Evaluated(step, future):
+                self._on_eval(step, self.evals.result(step, future))
+                return
+            case Joined(fleet, inst, future):  # an added rollout instance is ready (or failed to start)
+                fleet.on_joined(inst, future.exception())
+                return
+            case StreamFailed(stage, error):
+                raise RunFailed(f"reward stage '{stage}' failed: {error}; {RESUME_HINT}")
+            case Rewarded(stage, batch):
+                self.watchdog.fed()
+                self._on_rewarded(stage, batch)
+                self.progress.scored_batch(stage, batch)  # busy but training nothing stops the run (NoProgress)
+                self._poke()
+            case StepDone(fleet, inst, future):
+                self.watchdog.fed()
+                try:
+                    fleet.on_step(inst, future.result())
+                except LOST as err:
+                    fleet.on_death(inst, err)
+            case Trained(future):
+                self.watchdog.fed()
+                try:
+                    trained = future.result()
+                except LOST as err:
+                    self.sink.ref, self.trainer_dead = None, True  # its state is lost: nothing to checkpoint
+                    raise RunFailed(f"the trainer died during step {self.step + 1} ({type(err).__name__}); "
+                                    f"{RESUME_HINT}") from None
+                self._on_trained(trained)  # its _finish_step pokes the coordinators and sends the new version
+            case _:
+                raise TypeError(f"the driver has no handler for the event {event!r} (messages.RunEvent lists them)")
         self.ledger.flush()
 
     def _coordinate(self) -> None:
         """Each fleet's coordinator cycle, when one is due, and the commands it queued sent to the instances."""
         for f in self.fleets:
             f.coordinate(self.weights.version, self.weights.ref)
-            f.send(self._submit)
+            self._submit(*f.send())
 
     def _poke(self) -> None:
         """The staleness policy may admit more now, or a version is new: an idle instance need not wait for its
@@ -255,9 +272,9 @@ class Run:
         staleness = {e.gid: batch.version - e.version for e in batch.policy_batch.entries}
         self.ledger.trained(self.step + 1, staleness, list(rewards))
         lengths = {t: next((f.lengths.pop(t) for f in self.fleets if t in f.lengths), 0) for t in rewards}
-        self.sink.start(batch, Metrics.batch_info(rewards, batch.groups, staleness, lengths), self._submit)
+        self._submit(self.sink.start(batch, Metrics.batch_info(rewards, batch.groups, staleness, lengths)))
         for f in self.fleets:  # colocated with the trainer (the plan's sleep_level): the step gets the memory
-            f.sleep_idle(self._submit)
+            self._submit(*f.sleep_idle())
         self.hooks.call("on_consumed", self)
 
     def _on_trained(self, trained: StepResult) -> None:
@@ -317,7 +334,7 @@ class Run:
             self.log(self.clock.describe())
             self.tracker.log_metrics({f"startup/{k}_s": v for k, v in self.clock.marks.items()}, 0)
         if self.evals.due(self.step):
-            self.evals.submit(self.step, self.weights.ref, self._submit)
+            self._submit(self.evals.submit(self.step, self.weights.ref))
         self.elastic.stepped(trained.metrics.get("step_time_s", 0.0), self._submit)
         self.exports.step(self.step, self.weights.ref)
         if self.sink.checkpoint_every and self.step % self.sink.checkpoint_every == 0:
@@ -404,7 +421,7 @@ class Run:
                 self._export()
             if status == "FINISHED":
                 if self.evals.due(self.step, final=True):
-                    self.evals.submit(self.step, self.weights.ref, lambda ref, tag: None)
+                    self.evals.submit(self.step, self.weights.ref)  # its result is waited for just below
                 for step, result in self.evals.wait(EVAL_WAIT_S).items():
                     self._on_eval(step, result)
                 self.ledger.check(self.step, self.control["batch_size"])

@@ -35,7 +35,7 @@ from rlflow.prompt_rows import (
     row_problem_as,
     row_prompt_answer,
 )
-from rlflow.runtime.messages import EvalPrompt, EvalTask
+from rlflow.runtime.messages import EvalPrompt, EvalTask, Evaluated, Started
 
 EVAL_INSTANCE = 1_000  # the evaluator engine's instance id (seeds its sampler apart from the rollout instances)
 BUCKETS = ("short", "medium", "long")
@@ -318,7 +318,7 @@ class Evaluations:
     """The driver's side: which steps are evaluated, the calls in flight, and their results.
 
     Evaluated: the initial weights and every `every` steps (every > 0), and the last step of a run that finishes.
-    A call is submitted and the driver goes on; the result comes back as a ("eval", step) event."""
+    A call is started and the driver goes on; the result comes back as an Evaluated event (messages.py)."""
 
     def __init__(self, plan: dict | Plan, model_dir: str, tokenizer):
         from rlflow.runtime.model_shipping import ship_model
@@ -343,12 +343,12 @@ class Evaluations:
             return False
         return final or (self.every > 0 and step % self.every == 0)
 
-    def submit(self, step: int, published, submit) -> None:
-        """Evaluate the weights `published` (parameter_server.Published) as those of `step`; `submit(ref, tag)` hands
-        the future to the driver's event queue."""
+    def submit(self, step: int, published) -> Started:
+        """Evaluate the weights `published` (parameter_server.Published) as those of `step`; returns the call, for
+        the driver to wait on (or `wait` takes its result at the end of the run)."""
         ref = self.actor.evaluate.remote(published.version, published)
         self.pending[step] = ref
-        submit(ref, ("eval", step))
+        return Started(ref, Evaluated(step))
 
     def result(self, step: int, future) -> dict | None:
         """The metrics of a finished evaluation (None if it was already taken), raising RunFailed if it failed."""

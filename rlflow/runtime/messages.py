@@ -18,12 +18,17 @@ A trajectory's path, with the message on each hop (sender -> receiver: message):
       and answers with a StepResult
   evaluation (driver) -> Evaluator actor: EvalTask per task (its EvalPrompt rows, tokenized in the driver)
 
+The driver's loop (driver.Run._handle) receives one union of run events, RunEvent, on one queue: StepDone,
+Joined, Trained and Evaluated when a call a component started ends (the component returns it as Started, the
+driver puts it on the queue with the call's future), Rewarded and StreamFailed from the reward streams.
+
 Plain data (lists, not tensors) with slots: they pickle small across Ray's object store.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
 from rlflow.stages.engine import EngineSnapshot, WeightsLoaded
@@ -134,7 +139,7 @@ class ScoredTrajectory:
 @dataclass(frozen=True, slots=True)
 class ScoredBatch:
     """Whole scored groups, one row per trajectory: reward_stream (the Ray Data stream's output, converted at its
-    edge by `from_columns`) -> the driver, as ("rewarded", stage, ScoredBatch) -> buffer.Buffer.rewarded_batch."""
+    edge by `from_columns`) -> the driver, inside a Rewarded event -> buffer.Buffer.rewarded_batch."""
 
     rows: list[ScoredTrajectory]
 
@@ -207,3 +212,72 @@ class EvalTask:
     reward_fn: object  # a registry name or module:function (the actor resolves it), or the function itself
     temperature: float
     max_new_tokens: int
+
+
+# ---------------------------------------------------------------- run events: the driver's queue (driver.Run._handle)
+# The first four end a Ray call; `future` is that call's outcome (result() or exception()), set by the driver
+# (Run._submit) when the call completes: the component that started the call leaves it None.
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    """A rollout instance's step call ended: rollout_fleet.RolloutFleet.send -> driver -> RolloutFleet.on_step."""
+
+    fleet: object  # rollout_fleet.RolloutFleet
+    inst: object  # rollout_fleet.RolloutInstance whose step it was
+    future: Future | None = None  # a StepReport, or what killed the instance
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """An added rollout instance's actor is ready, or failed to start: rollout_fleet.RolloutFleet.scale_to -> driver
+    -> RolloutFleet.on_joined."""
+
+    fleet: object  # rollout_fleet.RolloutFleet
+    inst: object  # rollout_fleet.RolloutInstance that was starting
+    future: Future | None = None  # its ready() call: exception() is why it did not start
+
+
+@dataclass(frozen=True, slots=True)
+class Trained:
+    """A train step ended: train_sink.TrainSink.start -> driver -> Run._on_trained (a StepResult)."""
+
+    future: Future | None = None  # a StepResult, or what killed the trainer
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """An evaluation of the weights of `step` ended: evaluation.Evaluations.submit -> driver -> Evaluations.result."""
+
+    step: int
+    future: Future | None = None  # its metrics, or why the evaluator failed
+
+
+@dataclass(frozen=True, slots=True)
+class Rewarded:
+    """Whole groups scored: reward_stream (its stage's stream) -> driver -> buffer.Buffer.rewarded_batch."""
+
+    stage: str  # the reward stage that scored them
+    batch: ScoredBatch
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailed:
+    """A reward stream stopped (its reward failing too often, a hung scorer, a dead host): reward_stream -> driver,
+    which stops the run naming the stage."""
+
+    stage: str
+    error: Exception  # one line saying why, shown after "reward stage '<stage>' failed: "
+
+
+#: what the driver's loop receives (None: a coordinator cycle came due instead)
+RunEvent = StepDone | Joined | Trained | Evaluated | Rewarded | StreamFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A Ray call a component started and the event that will say it ended: rollout_fleet / train_sink / evaluation
+    -> driver, which puts `done`, with the call's future, on its queue when `ref` completes (Run._submit)."""
+
+    ref: object  # the call's ray.ObjectRef
+    done: StepDone | Joined | Trained | Evaluated

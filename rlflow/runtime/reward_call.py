@@ -5,7 +5,7 @@ stream) when it raises ("<fn> raised <Type>: <msg>"), returns something that is 
 'yes' (str), not a number", "... returned nan"), runs longer than REWARD_TIMEOUT_S ("<fn> timed out after 30 s";
 the child is killed) or kills its process twice on the same row ("<fn> killed its process (exit code 1) ...": a
 poison row; one death is retried in a new child, so a process lost to something else costs nothing).
-Two rules stop the stage, with ("error", stage, RewardStageFailing), and so the run: TIMEOUTS_IN_A_ROW timeouts in a
+Two rules stop the stage, with StreamFailed(stage, RewardStageFailing), and so the run: TIMEOUTS_IN_A_ROW timeouts in a
 row in one actor (a reward that hangs on every row stops in a few timeouts, not after a window of them), and the
 failure rate (FailureRate, counted per answer, i.e. per trajectory scored): every one of the last DEAD_WINDOW answers
 failed (a dead reward stops within its first groups), or more than MAX_FAILED_FRACTION of the last FAILURE_WINDOW

@@ -13,12 +13,13 @@ per group measured ~18 groups/s here, a block per pull ~230 groups/s).
 
 Where it runs: a StreamHost actor holds the Dataset and iterates it, so Ray Data's streaming executor runs in that
 actor's process, not the driver's; the driver's RewardStream forwards the host's events with a long poll.
-Output: `start(out)` puts ("rewarded", stage, messages.ScoredBatch) per bundle, one row per trajectory, whole
+Output: `start(out)` puts a messages.Rewarded(stage, ScoredBatch) per bundle, one row per trajectory, whole
 groups only: group_id, traj_id, task, reward (float; nan when it failed), reward_error ("" or why it failed), kept
 (the group filter's verdict for the member's group), v_min and v_max (the member's version span, passed through
 from the store for the ledger). A batch Ray Data scores twice (its
 worker died and the batch was retried) is recorded once: the buffer ignores a group's second reward.
-On failure, or if the stream ends while not closed, it puts ("error", stage, RuntimeError naming the stage).
+On failure, or if the stream ends while not closed, it puts a messages.StreamFailed(stage, RuntimeError naming
+the stage).
 
 How a single reward call is made safe (timeouts, non-numbers, the failure rate) is reward_call.py.
 """
@@ -42,7 +43,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from rlflow import registry
 from rlflow.runtime import hop_trace
-from rlflow.runtime.messages import ScoredBatch
+from rlflow.runtime.messages import Rewarded, ScoredBatch, StreamFailed
 from rlflow.runtime.ray_data_quiet import quiet_ray_data
 from rlflow.runtime.reward_call import (
     REWARD_TIMEOUT_S,
@@ -302,23 +303,23 @@ class StreamRunner:
                 stop = next((g for g in _each_group(bundles) if g.get("stage_error")), None)
                 if stop and not self._closing.is_set():
                     rule = stop.get("stage_rule") or "reward-hangs"
-                    out.put(("error", self.stage, stage_stop(self.source, self.stage, self.reward_fn, rule,
-                                                             stop["stage_error"], self.reward_timeout_s)))
+                    out.put(StreamFailed(self.stage, stage_stop(self.source, self.stage, self.reward_fn, rule,
+                                                                stop["stage_error"], self.reward_timeout_s)))
                     return
                 if batch["traj_id"]:
                     hop_trace.mark("streamed", (gid for gid in batch["group_id"]))
-                    out.put(("rewarded", self.stage, ScoredBatch.from_columns(batch)))
+                    out.put(Rewarded(self.stage, ScoredBatch.from_columns(batch)))
                     self.store.delivered.remote(self.stage, len(set(batch["group_id"])))  # credit back
                     self.failures.add(batch["reward_error"], batch["group_id"])
                     if self.failures.too_high() and not self._closing.is_set():
-                        out.put(("error", self.stage, self.failures.error(self.source, self.reward_fn)))
+                        out.put(StreamFailed(self.stage, self.failures.error(self.source, self.reward_fn)))
                         return
             if not self._closing.is_set():
                 raise RuntimeError(self._why_ended())
         except Exception as e:  # noqa: BLE001 - whatever stopped it, the driver hears of it
             if not self._closing.is_set():
                 err = RuntimeError(f"reward stream '{self.stage}' stopped: {type(e).__name__}: {e}")
-                out.put(("error", self.stage, err))
+                out.put(StreamFailed(self.stage, err))
 
     def _why_ended(self) -> str:
         try:
@@ -416,7 +417,7 @@ class RewardStream:
                 events = ray.get(self.host.next.remote(NEXT_WAIT_S), timeout=NEXT_WAIT_S + CLOSE_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - a dead or stuck host ends the stream; the driver hears of it
                 if not self._closing.is_set():
-                    out.put(("error", self.stage, RuntimeError(
+                    out.put(StreamFailed(self.stage, RuntimeError(
                         f"reward stream '{self.stage}' stopped: its host actor failed ({type(e).__name__})")))
                 return
             for event in events:

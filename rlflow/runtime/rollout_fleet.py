@@ -20,7 +20,7 @@ from rlflow.operators.groups import GroupAssembler
 from rlflow.plan_model import Plan, RolloutActor
 from rlflow.plan_read import stage_coordination
 from rlflow.runtime.dispatch_lanes import DispatchLanes
-from rlflow.runtime.messages import Prompt, StepReport
+from rlflow.runtime.messages import Joined, Prompt, Started, StepDone, StepReport
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.parameter_server import verify_loaded
 from rlflow.runtime.rollout_coordinator import RolloutCoordinator
@@ -190,10 +190,12 @@ class RolloutFleet:
         if tid not in self.assembler.running(gid):
             self.assembler.launch(gid, tid, self.coordination.queue.reserved[gid])
 
-    def send(self, submit) -> None:
-        """Issue a step call to every alive instance that has work or commands (none while a cycle holds)."""
+    def send(self) -> list[Started]:
+        """Issue a step call to every alive instance that has work or commands (none while a cycle holds); returns
+        the calls, for the driver to wait on."""
+        started: list[Started] = []
         if self.coordination.holding:
-            return
+            return started
         for inst in self.instances:
             if inst.alive and inst.ref is None and inst.has_work():
                 if inst.asleep and inst.routes and inst.pull is None and self.ps[1] is not None:
@@ -205,18 +207,20 @@ class RolloutFleet:
                 inst.ref = inst.handle.step.remote(inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep)
                 inst.pulling = inst.pull[1] if inst.pull else None
                 inst.routes, inst.aborts, inst.interrupts, inst.pull, inst.sleep = [], [], [], None, 0
-                submit(inst.ref, ("step", self, inst))
+                started.append(Started(inst.ref, StepDone(self, inst)))
+        return started
 
-    def sleep_idle(self, submit) -> None:
+    def sleep_idle(self) -> list[Started]:
         """A train step starts on a device this stage shares with the trainer (the plan's sleep_level): every idle
-        instance is told to sleep, in its next step call, if it is still idle then. It wakes at its next pull."""
+        instance is told to sleep, in its next step call, if it is still idle then. It wakes at its next pull.
+        Returns the step calls sent (`send`)."""
         level = self.spec.sleep_level
         if not level:
-            return
+            return []
         for inst in self.instances:
             if inst.serving and inst.idle and not inst.asleep and not inst.routes:
                 inst.sleep = level
-        self.send(submit)
+        return self.send()
 
     def outstanding(self) -> list[str]:
         return [f"{self.stage} instance {i.index} step" for i in self.instances if i.ref is not None]
@@ -336,7 +340,8 @@ class RolloutFleet:
 
     def scale_to(self, n: int, submit) -> str:
         """Start or retire instances until n serve; returns what it did. Instances still starting count as
-        serving-to-be; retiring picks those still starting first, then the newest serving ones."""
+        serving-to-be; retiring picks those still starting first, then the newest serving ones. `submit` (the
+        driver's Run._submit) takes each new instance's ready() call as a Started with a Joined event."""
         starting = [i for i in self.instances if i.starting]
         serving = [i for i in self.instances if i.serving]
         now = len(serving) + len(starting)
@@ -360,7 +365,7 @@ class RolloutFleet:
         inst = RolloutInstance(index, self._spawn(a), alive=False, starting=True,
                                deadline=time.monotonic() + self.elastic["start_timeout_s"])
         self.instances.append(inst)
-        submit(inst.handle.ready.remote(), ("joined", self, inst))
+        submit(Started(inst.handle.ready.remote(), Joined(self, inst)))
         return inst
 
     def on_joined(self, inst: RolloutInstance, error: Exception | None) -> None:

@@ -100,7 +100,7 @@ def start(run) -> None:
         for f in run.fleets:
             f.start_at(run.weights.version, run.weights.ref)
     elif run.evals.due(0):
-        run.evals.submit(0, run.weights.ref, run._submit)  # the starting point of the accuracy curve
+        run._submit(run.evals.submit(0, run.weights.ref))  # the starting point of the accuracy curve
     for s in run.streams:
         s.start(run.events)
 

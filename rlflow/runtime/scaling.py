@@ -77,7 +77,8 @@ class Scaling:
         return f"elastic rollout (streamrl §4.3) {'; '.join(parts)}; `rlflow scale STAGE N` to resize"
 
     def tick(self, submit) -> None:
-        """Every loop iteration: apply a new request (looked for once a second); keep the status file true."""
+        """Every loop iteration: apply a new request (looked for once a second); keep the status file true.
+        `submit` (the driver's Run._submit) takes the ready() call of each instance started (messages.Started)."""
         if not self.fleets:
             return
         now = time.monotonic()

@@ -16,7 +16,7 @@ import ray
 from rlflow.errors import PipelineInvalid, Problem
 from rlflow.plan_model import Plan
 from rlflow.runtime.checkpoint import CheckpointDamaged
-from rlflow.runtime.messages import TrainBatch, TrainStep
+from rlflow.runtime.messages import Started, TrainBatch, Trained, TrainStep
 from rlflow.runtime.model_shipping import ship_model
 from rlflow.runtime.trainer_worker import RANK_CALL_TIMEOUT_S, launch_trainer
 from rlflow.runtime.watchdog import RunStalled
@@ -75,11 +75,12 @@ class TrainSink:
         self.ref = None  # the train step in flight
         self.batch_info: dict = {}
 
-    def start(self, batch: TrainBatch, info: dict, submit) -> None:
-        """Rank 0 trains `batch` (its payloads it takes from the store by id) and publishes batch.version + 1."""
+    def start(self, batch: TrainBatch, info: dict) -> Started:
+        """Rank 0 trains `batch` (its payloads it takes from the store by id) and publishes batch.version + 1;
+        returns the call, for the driver to wait on."""
         self.batch_info = info
         self.ref = self.actor.train.remote(TrainStep(batch.rewards, self.group_size, batch.version))
-        submit(self.ref, ("train", self, None))
+        return Started(self.ref, Trained())
 
     def save(self, directory: str, tag: str, client_state: dict) -> dict:
         """Checkpoint `tag` from every rank (checkpoint.py's trainer side); the trainer's counters."""

@@ -26,10 +26,10 @@ def trained_of(run_hooks_list: list):
     def record(run):
         start = run.sink.start
 
-        def recording(batch, info, submit):
+        def recording(batch, info):
             taken = ray.get(run.store.peek.remote(list(batch.rewards)), timeout=60)
             run_hooks_list.extend(t.as_dict() | {"reward": batch.rewards[t.traj_id]} for t in taken)
-            start(batch, info, submit)
+            return start(batch, info)
         run.sink.start = recording
     return RunHooks(on_started=record)
 

@@ -30,9 +30,9 @@ def test_agentic_pipeline_trains_whole_episodes(variant, ray_cluster, workdir, m
     def record_trained(run):
         start = run.sink.start
 
-        def recording(batch, info, submit):  # what the trainer is about to take from the store
+        def recording(batch, info):  # what the trainer is about to take from the store
             trained.extend(t.as_dict() for t in ray.get(run.store.peek.remote(list(batch.rewards)), timeout=60))
-            start(batch, info, submit)
+            return start(batch, info)
         run.sink.start = recording
 
     # test_run:small_chunk_hf decodes 4 tokens per step call, and snapshots come every 0.05 s: syncs find turns

@@ -19,6 +19,7 @@ from runs import REPO
 from rlflow.compiler import compile_pipeline
 from rlflow.errors import RunFailed
 from rlflow.runtime.hooks import RunHooks
+from rlflow.runtime.messages import Rewarded
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +52,8 @@ def run(plan: dict, lines: list | None = None):
     scored = []
 
     def on_event(run, event):
-        if event is not None and event[0] == "rewarded":
-            scored.extend(event[2].rows)
+        if isinstance(event, Rewarded):
+            scored.extend(event.batch.rows)
 
     r = Run(plan, out_dir=Path(".rlflow") / "runs" / plan["name"], hooks=RunHooks(on_event=on_event),
             log=(lambda m, **k: lines.append(str(m))) if lines is not None else (lambda *a, **k: None))

@@ -111,13 +111,13 @@ def test_dead_rollout_instance_loses_no_trajectory(ray_cluster, workdir):
         fleet = run.fleets[0]
         send = fleet.send
 
-        def send_after_kill(submit):
+        def send_after_kill():
             if not killed and run.history:
                 victim = next((i for i in fleet.instances if i.alive and i.routes), None)
                 if victim is not None:
                     killed.append(victim)
                     ray.kill(victim.handle)
-            send(submit)
+            return send()
         fleet.send = send_after_kill
 
     plan = plan_for("bounded_async", "stages.train.steps=4")

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from rlflow.errors import PipelineInvalid
+from rlflow.runtime.messages import Rewarded, StreamFailed
 
 pytestmark = pytest.mark.integration
 HANG_GUARD_S = 60  # a ceiling against hangs, not a performance claim
@@ -192,9 +193,9 @@ def collect(out: queue.Queue, n_trajs: int, timeout_s: float = HANG_GUARD_S) -> 
     """traj_id -> its output row; fails on an error event or a trajectory delivered twice."""
     got, deadline = {}, time.monotonic() + timeout_s
     while len(got) < n_trajs:
-        tag, _stage, batch = out.get(timeout=max(deadline - time.monotonic(), 0.01))
-        assert tag == "rewarded", batch
-        for row in batch.rows:
+        event = out.get(timeout=max(deadline - time.monotonic(), 0.01))
+        assert isinstance(event, Rewarded), event
+        for row in event.batch.rows:
             assert row.traj_id not in got, f"{row.traj_id} delivered twice"
             got[row.traj_id] = dataclasses.asdict(row)
     return got
@@ -203,9 +204,9 @@ def collect(out: queue.Queue, n_trajs: int, timeout_s: float = HANG_GUARD_S) -> 
 def next_error(out: queue.Queue, timeout_s: float = HANG_GUARD_S):
     deadline = time.monotonic() + timeout_s
     while True:
-        tag, stage, payload = out.get(timeout=max(deadline - time.monotonic(), 0.01))
-        if tag == "error":
-            return stage, str(payload)
+        event = out.get(timeout=max(deadline - time.monotonic(), 0.01))
+        if isinstance(event, StreamFailed):
+            return event.stage, str(event.error)
 
 
 def test_reward_stream_scores_filters_and_contains_failures(ray_cluster):

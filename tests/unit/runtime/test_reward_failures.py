@@ -16,6 +16,7 @@ import pytest
 
 from rlflow.errors import PipelineInvalid
 from rlflow.runtime import reward_stream
+from rlflow.runtime.messages import Rewarded, StreamFailed
 from rlflow.runtime.reward_call import DEAD_WINDOW, FAILURE_WINDOW, FailureRate, RewardStageFailing, as_reward
 from rlflow.runtime.reward_stream import Score, StreamRunner
 
@@ -339,8 +340,8 @@ def drain(out: queue.Queue) -> list:
 
 def test_stream_stops_its_stage_when_most_trajectories_fail():
     events = drain(stream_over([bundle(8, True, 0), bundle(8, True, 8), bundle(8, True, 16)]))
-    assert [e[0] for e in events] == ["rewarded", "rewarded", "error"]  # 64 failed after two bundles: stop there
-    _tag, stage, err = events[-1]
+    assert [type(e) for e in events] == [Rewarded, Rewarded, StreamFailed]  # 64 failed after two bundles: stop there
+    stage, err = events[-1].stage, events[-1].error
     assert stage == "score" and isinstance(err, RuntimeError)
     assert str(err).startswith("64 of the last 64 answers failed (in 16 of their 16 groups; last: mine:fn raised "
                                "ValueError: no); ")
@@ -351,8 +352,8 @@ def test_stream_stops_its_stage_at_once_when_a_score_actor_hung():
     groups = hung.column("groups").to_pylist()[0]
     groups[0]["stage_error"] = "mine:fn timed out on 3 calls in a row (0.2 s each; the last on trajectory g0/3 ...)"
     events = drain(stream_over([bundle(2, False, 5), pa.Table.from_pydict({"groups": [groups]})]))
-    assert [e[0] for e in events] == ["rewarded", "error"]
-    err = events[-1][2]
+    assert [type(e) for e in events] == [Rewarded, StreamFailed]
+    err = events[-1].error
     assert isinstance(err, RewardStageFailing) and isinstance(err, RuntimeError)
     (p,) = err.problems
     assert (p.loc, p.rule) == (("stages", "score", "fn"), "reward-hangs")
@@ -363,8 +364,8 @@ def test_stream_stops_its_stage_at_once_when_a_score_actor_hung():
 def test_stream_with_some_failures_goes_on():
     bundles = [bundle(4, i % 3 == 0, 4 * i) for i in range(12)]  # a third of the groups fail
     events = drain(stream_over(bundles))
-    assert [e[0] for e in events[:-1]] == ["rewarded"] * 12  # then the end-of-source error of a stream not closed
-    assert events[-1][0] == "error" and "reward stream 'score' stopped" in str(events[-1][2])
+    assert [type(e) for e in events[:-1]] == [Rewarded] * 12  # then the end-of-source error of a stream not closed
+    assert isinstance(events[-1], StreamFailed) and "reward stream 'score' stopped" in str(events[-1].error)
 
 
 def test_timeout_is_a_documented_module_constant():

@@ -18,6 +18,7 @@ from rlflow.compiler import compile_pipeline
 from rlflow.errors import Problem
 from rlflow.plan_model import Plan
 from rlflow.runtime import user_code_check
+from rlflow.runtime.messages import StreamFailed
 from rlflow.runtime.reward_call import RewardStageFailing
 from rlflow.runtime.reward_stream import Score
 
@@ -129,8 +130,8 @@ def test_a_reward_module_broken_mid_run_stops_its_stage_by_name(tmp_path, monkey
 
     scored["kept"] = False
     events = drain(stream_over([pa.Table.from_pydict({"groups": [[scored]]})]))
-    assert [e[0] for e in events] == ["error"]
-    err = events[0][2]
+    assert [type(e) for e in events] == [StreamFailed]
+    err = events[0].error
     assert isinstance(err, RewardStageFailing) and err.problems[0].rule == "user-code-error"
     assert str(err) == (f"{scored['stage_error']}; fix the reward function 'mine:fn' (it changed since "
                         "the run started) [user-code-error]")
@@ -148,7 +149,7 @@ def test_the_driver_stops_a_run_by_name_on_a_stage_error():
     run.watchdog = type("W", (), {"fed": lambda self: None})()
     err = RewardStageFailing("p.yaml", [Problem(("stages", "score", "fn"), "x.py:2: bad", "user-code-error", "fix it")])
     with pytest.raises(RunFailed) as stopped:
-        run._handle(("error", "score", err))
+        run._handle(StreamFailed("score", err))
     assert str(stopped.value).startswith("reward stage 'score' failed: x.py:2: bad; fix it [user-code-error]; ")
 
     def command():
