@@ -172,10 +172,12 @@ def regenerated(page: Path) -> str:
     return text
 
 
-def stale_pages() -> list[Path]:
-    """The reference pages whose generated text differs from what the code gives now."""
+def stale_pages() -> dict[Path, str]:
+    """The reference pages whose generated text differs from what the code gives now, each with the text it should
+    hold (regenerating the errors page validates every catalogue pipeline: done once, not again to write it)."""
     pages = sorted({page for page, _ in BLOCKS.values()})
-    return [page for page in pages if regenerated(page) != page.read_text()]
+    fresh = {page: regenerated(page) for page in pages}
+    return {page: text for page, text in fresh.items() if text != page.read_text()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,11 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="list the stale pages and exit 1; write nothing")
     args = parser.parse_args(argv)
     stale = stale_pages()
-    for page in stale:
+    for page, text in stale.items():
         if args.check:
             print(f"stale: {page.relative_to(REPO)}")
         else:
-            page.write_text(regenerated(page))
+            page.write_text(text)
             print(f"rewrote {page.relative_to(REPO)}")
     if args.check and stale:
         print(f"run `{REFRESH}` to refresh them", file=sys.stderr)
