@@ -190,6 +190,9 @@ class AgentHub:
             raise AgentError(409, "agent-concurrent-request", f"episode {eid!r} already has a request being answered; "
                              "an episode's calls are one conversation: await each before the next")
         event = self._event(ep, kind, body)
+        # whether to answer with OpenAI's logprobs object: chat asks with `logprobs: true`, completions with a count
+        # of alternatives (0 included)
+        event["logprobs"] = bool(body.get("logprobs")) if kind == "chat" else body.get("logprobs") is not None
         seq = ep.push(event)
         answer = ep.pending[seq] = asyncio.get_running_loop().create_future()
         try:
@@ -220,13 +223,12 @@ class AgentHub:
                 raise AgentError(400, "agent-malformed-request", "prompt must be one string")
             if ep.messages is not None:
                 raise AgentError(400, "agent-malformed-request", "an episode is chat or completions, not both")
-            asked = body.get("logprobs") is not None  # completions: logprobs is a count (of top alternatives)
             if ep.text is None:
-                return {"kind": "completion", "prompt": prompt, "text": prompt, "logprobs": asked}
+                return {"kind": "completion", "prompt": prompt, "text": prompt}
             if not prompt.startswith(ep.text):
                 raise AgentError(400, "agent-history-rewritten", "the prompt does not extend the previous prompt and "
                                  "its completion: the trained tokens would not be the ones sampled")
-            return {"kind": "completion", "prompt": prompt[len(ep.text):], "text": prompt, "logprobs": asked}
+            return {"kind": "completion", "prompt": prompt[len(ep.text):], "text": prompt}
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool") for m in messages):
@@ -238,8 +240,7 @@ class AgentHub:
         if ep.messages is None:
             if history[-1]["role"] == "assistant":
                 raise AgentError(400, "agent-malformed-request", "the last message is the assistant's: nothing to answer")
-            return {"kind": "chat", "messages": history, "tools": body.get("tools") or [], "history": history,
-                    "logprobs": bool(body.get("logprobs"))}
+            return {"kind": "chat", "messages": history, "tools": body.get("tools") or [], "history": history}
         k = len(ep.messages)
         if history[:k] != ep.messages:
             at = next((i for i, (a, b) in enumerate(zip(history, ep.messages)) if a != b), min(k, len(history)))
@@ -249,7 +250,7 @@ class AgentHub:
         if not new or any(m["role"] == "assistant" for m in new):
             raise AgentError(400, "agent-malformed-request", "after the last answer, send the new tool or user messages "
                              "(and no assistant message of your own)")
-        return {"kind": "chat", "messages": new, "history": history, "logprobs": bool(body.get("logprobs"))}
+        return {"kind": "chat", "messages": new, "history": history}
 
     # -- the worker's side ----------------------------------------------------------------------------------------
     def begin(self, eid: str, row: dict) -> None:
